@@ -1,0 +1,18 @@
+"""lowbit: quantize PyTorch models to any arithmetic and measure what that costs.
+
+    >>> import torch, lowbit
+    >>> x = torch.randn(4, 64)
+    >>> y = lowbit.quantize(x, "affine", bits=4, symmetric=True, axis=0)
+"""
+
+from lowbit import formats
+from lowbit.api import quantize
+from lowbit.errors import ConfigError, FormatError, LowbitError
+from lowbit.formats import ROUNDING_MODES, FormatSpec, get_format, list_formats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError", "FormatError", "FormatSpec", "LowbitError", "ROUNDING_MODES",
+    "formats", "get_format", "list_formats", "quantize", "__version__",
+]  # fmt: skip

@@ -1,0 +1,227 @@
+"""The base class of every number format, and the parameter checks formats share.
+
+A format is a frozen, keyword-only dataclass. ``__post_init__`` normalises MASE-style values ("NA" -> None,
+0/1 -> bool, lists -> tuples) and validates every parameter, raising :class:`FormatError` that names the
+parameter, its value and the legal range. ``_quantize`` is the pure tensor function; it sees float32 or
+float64 input and never needs to think about autograd, empty tensors or dtypes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import torch
+
+from lowbit.errors import FormatError, did_you_mean
+from lowbit.formats.rounding import ROUNDING_MODES, canonical_rounding, make_generator
+from lowbit.formats.ste import straight_through
+
+_NONE_STRINGS = {"na", "none", ""}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FormatSpec:
+    """Parameters of one number format plus its quantize function."""
+
+    format_name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    # Rounding modes this format accepts (a format whose grid is not a scaled integer grid may accept fewer).
+    roundings: ClassVar[tuple[str, ...]] = ROUNDING_MODES
+
+    rounding: str = "nearest_even"
+
+    # ---- construction -------------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        mode = canonical_rounding(self.rounding)
+        if mode not in self.roundings:
+            raise FormatError(
+                f"{self.format_name}: rounding={self.rounding!r} is not supported; legal: {', '.join(self.roundings)}"
+            )
+        object.__setattr__(self, "rounding", mode)
+        self.validate()
+
+    def validate(self) -> None:
+        """Check and normalise the format's own parameters (subclasses override)."""
+
+    @classmethod
+    def parameter_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls) if f.init]
+
+    @classmethod
+    def create(cls, **params: Any) -> FormatSpec:
+        """Construct from keyword parameters, naming any unknown parameter and the nearest known one."""
+        cls._check_names(params)
+        return cls(**params)
+
+    def replace(self, **params: Any) -> FormatSpec:
+        self._check_names(params)
+        return dataclasses.replace(self, **params)
+
+    @classmethod
+    def _check_names(cls, params: dict[str, Any]) -> None:
+        known = cls.parameter_names()
+        for name in params:
+            if name not in known:
+                raise FormatError(
+                    f"{cls.format_name}: unknown parameter {name!r}{did_you_mean(name, known)}; "
+                    f"parameters: {', '.join(known)}"
+                )
+
+    # ---- quantization -------------------------------------------------------------------------------
+    def __call__(
+        self, x: torch.Tensor, *, seed: int | None = None, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """Fake-quantize ``x`` (same shape and dtype) with a straight-through gradient."""
+        check_tensor(x)
+        gen = make_generator(seed, generator, x.device)  # validates seed / generator even if unused
+        gen = gen if self.is_stochastic else None
+        return straight_through(lambda t: self.quantize(t, gen), x)
+
+    def quantize(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Fake-quantize without autograd bookkeeping: float32/float64 math, result in ``x.dtype``."""
+        check_tensor(x)
+        if x.numel() == 0:
+            return x.detach().clone()
+        work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+        with torch.no_grad():
+            out = self._quantize(work.detach(), generator)
+        return out.to(x.dtype)
+
+    def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    # ---- description --------------------------------------------------------------------------------
+    @property
+    def is_stochastic(self) -> bool:
+        return self.rounding == "stochastic"
+
+    @property
+    def bits(self) -> float:
+        """Storage bits per element, not counting shared scales (see ``bits_per_element``)."""
+        raise NotImplementedError
+
+    def bits_per_element(self, shape: tuple[int, ...] | None = None) -> float:
+        """Average storage bits per element including shared scales / zero points (default: ``bits``)."""
+        return float(self.bits)
+
+    def value_set(self) -> torch.Tensor | None:
+        """All representable values, sorted ascending (float64), or None when they depend on the data."""
+        return None
+
+    def params(self) -> dict[str, Any]:
+        """The parameters as a plain dict (what ``create`` takes back)."""
+        return {name: getattr(self, name) for name in self.parameter_names()}
+
+    def describe(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{self.format_name}({inner})"
+
+
+# ---- shared parameter checks ----------------------------------------------------------------------------
+def check_tensor(x: Any) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise FormatError(f"quantize expects a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise FormatError(f"quantize expects a floating-point tensor, got dtype {x.dtype}")
+
+
+def _fail(spec: FormatSpec, name: str, value: Any, legal: str) -> FormatError:
+    return FormatError(f"{spec.format_name}: {name}={value!r} is invalid; {legal}")
+
+
+def set_field(spec: FormatSpec, name: str, value: Any) -> None:
+    object.__setattr__(spec, name, value)
+
+
+def check_int(spec: FormatSpec, name: str, low: int | None = None, high: int | None = None) -> int:
+    """An int parameter in [low, high] (floats with integral value are accepted and converted)."""
+    value = getattr(spec, name)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    legal = f"must be an integer in [{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(spec, name, value, legal)
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise _fail(spec, name, value, legal)
+    set_field(spec, name, value)
+    return value
+
+
+def check_bool(spec: FormatSpec, name: str) -> bool:
+    """A bool parameter; TOML-style 0 / 1 ints are accepted."""
+    value = getattr(spec, name)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        set_field(spec, name, bool(value))
+        return bool(value)
+    raise _fail(spec, name, value, "must be true or false (or 1 / 0)")
+
+
+def check_optional(spec: FormatSpec, name: str) -> Any:
+    """Turn MASE's "NA" / "None" strings into None."""
+    value = getattr(spec, name)
+    if isinstance(value, str) and value.strip().lower() in _NONE_STRINGS:
+        set_field(spec, name, None)
+        return None
+    return value
+
+
+def check_float(spec: FormatSpec, name: str, *, positive: bool = False, optional: bool = False) -> float | None:
+    value = check_optional(spec, name) if optional else getattr(spec, name)
+    if value is None and optional:
+        return None
+    legal = "must be a finite positive number" if positive else "must be a finite number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _fail(spec, name, value, legal)
+    if positive and value <= 0:
+        raise _fail(spec, name, value, legal)
+    set_field(spec, name, float(value))
+    return float(value)
+
+
+def check_choice(spec: FormatSpec, name: str, choices: dict[str, str] | tuple[str, ...]) -> str:
+    """A string parameter from a fixed set (``choices`` may map aliases to canonical names)."""
+    value = getattr(spec, name)
+    mapping = choices if isinstance(choices, dict) else {c: c for c in choices}
+    key = value.strip().lower() if isinstance(value, str) else value
+    if key not in mapping:
+        hint = did_you_mean(str(value), mapping)
+        raise _fail(spec, name, value, f"legal values: {', '.join(sorted(set(mapping.values())))}{hint}")
+    set_field(spec, name, mapping[key])
+    return mapping[key]
+
+
+def check_block_size(spec: FormatSpec, name: str = "block_size") -> tuple[int, ...] | None:
+    """None, an int, or a sequence of ints >= 1 or -1 (whole dimension); stored as a tuple."""
+    value = check_optional(spec, name)
+    if value is None:
+        return None
+    items = (value,) if isinstance(value, int) and not isinstance(value, bool) else value
+    legal = "must be an int or a list of ints, each >= 1 or -1 (the whole dimension)"
+    try:
+        block = tuple(items)
+    except TypeError:
+        raise _fail(spec, name, value, legal) from None
+    if not block or any(isinstance(b, bool) or not isinstance(b, int) or (b < 1 and b != -1) for b in block):
+        raise _fail(spec, name, value, legal)
+    set_field(spec, name, block)
+    return block
+
+
+def check_axis(spec: FormatSpec, name: str = "axis") -> int | None:
+    value = check_optional(spec, name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(spec, name, value, "must be an int (a tensor dimension) or None")
+    return value
+
+
+SCALE_DTYPES: dict[str, str] = {
+    "f32": "f32", "float32": "f32", "fp32": "f32", "float": "f32",
+    "f16": "f16", "float16": "f16", "fp16": "f16", "half": "f16",
+    "bf16": "bf16", "bfloat16": "bf16",
+}  # fmt: skip

@@ -1,0 +1,103 @@
+"""ND block geometry shared by every format with a shared scale (affine, block formats, MX, scaled fp8).
+
+A *block size* is a tuple aligned to the trailing dimensions of the tensor: ``(1, 32)`` on a ``[64, 100]``
+weight means blocks of one row by 32 columns. Rules (one helper, used everywhere):
+
+- entries are right-aligned with the shape; missing leading entries mean 1 (one block per index);
+- ``-1`` or an entry larger than the dimension means the whole dimension;
+- a dimension that is not a multiple of its block is zero-padded; padding never changes a result
+  (block statistics are max |x| or min / max including zero, which zeros cannot change), and is cropped;
+- ``skip_first_dim`` keeps dimension 0 (the batch of an activation) out of every block.
+
+Per-tensor scaling is the block size covering every dimension; per-channel (``axis``) is 1 along the
+axis and the whole extent elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from lowbit.errors import FormatError
+
+BlockFn = Callable[[torch.Tensor, tuple[int, ...]], torch.Tensor]
+
+
+def normalize_axis(axis: int, ndim: int) -> int:
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise FormatError(f"axis={axis} is out of range for a tensor with {ndim} dimensions")
+    return axis % max(ndim, 1)
+
+
+def block_shape(
+    shape: Sequence[int],
+    block_size: Sequence[int] | None = None,
+    axis: int | None = None,
+    skip_first_dim: bool = False,
+) -> tuple[int, ...]:
+    """The concrete block (one entry per dimension) for a tensor of ``shape``.
+
+    No block_size and no axis: per-tensor. ``axis`` without block_size: per-channel along ``axis``.
+    ``axis`` with an int-like one-entry block_size: blocks of that size along ``axis`` (MX style).
+    """
+    ndim = len(shape)
+    if block_size is None:
+        block = list(shape)
+        if axis is not None:
+            block[normalize_axis(axis, ndim)] = 1
+    elif axis is not None and len(block_size) == 1:
+        block = [1] * ndim
+        block[normalize_axis(axis, ndim)] = block_size[0]
+    else:
+        tail = list(block_size)[-ndim:] if ndim else []
+        block = [1] * (ndim - len(tail)) + tail
+    block = [dim if (b == -1 or b > dim) else b for b, dim in zip(block, shape)]
+    if skip_first_dim and ndim > 0:
+        block[0] = 1
+    return tuple(max(b, 1) for b in block)
+
+
+def apply_blockwise(x: torch.Tensor, block: Sequence[int], fn: BlockFn) -> torch.Tensor:
+    """Run ``fn(blocked, reduce_dims)`` on a blocked view of ``x`` and undo the blocking.
+
+    ``blocked`` has shape ``[n0, b0, n1, b1, ...]`` and ``reduce_dims = (1, 3, 5, ...)``: a reduction over
+    them with ``keepdim=True`` gives one statistic per block that broadcasts back over ``blocked``.
+    """
+    if x.dim() == 0:
+        return apply_blockwise(x.reshape(1), (1,), fn).reshape(())
+    shape = x.shape
+    pads = [(-dim) % b for dim, b in zip(shape, block)]
+    if any(pads):
+        pad_arg = [p for pad in reversed(pads) for p in (0, pad)]
+        x = F.pad(x, pad_arg)
+    blocked_shape = [v for dim, b in zip(x.shape, block) for v in (dim // b, b)]
+    blocked = x.reshape(blocked_shape)
+    reduce_dims = tuple(range(1, 2 * x.dim(), 2))
+    out = fn(blocked, reduce_dims).reshape(x.shape)
+    if any(pads):
+        out = out[tuple(slice(0, dim) for dim in shape)]
+    return out
+
+
+def finite_abs_max(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """max |x| per block over finite elements only (NaN / +-inf do not set a block's scale)."""
+    magnitude = blocked.abs()
+    magnitude = torch.where(torch.isfinite(magnitude), magnitude, torch.zeros_like(magnitude))
+    return magnitude.amax(dim=dims, keepdim=True)
+
+
+def finite_min_max(blocked: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min, max) per block over finite elements, both widened to include zero."""
+    finite = torch.where(torch.isfinite(blocked), blocked, torch.zeros_like(blocked))
+    low = finite.amin(dim=dims, keepdim=True).clamp(max=0)
+    high = finite.amax(dim=dims, keepdim=True).clamp(min=0)
+    return low, high
+
+
+def num_blocks(shape: Sequence[int], block: Sequence[int]) -> int:
+    count = 1
+    for dim, b in zip(shape, block):
+        count *= -(-dim // b)
+    return count

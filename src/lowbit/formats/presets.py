@@ -1,0 +1,56 @@
+"""Burn-style integer presets: q8s q4s q2s (symmetric) and q8f q4f q2f (full range).
+
+All six are symmetric (zero point 0) with min-max scales at any granularity (per tensor by default,
+``axis=`` per channel, ``block_size=`` ND blocks) and a ``scale_dtype`` of f32 / f16 / bf16.
+
+- ``qNs``: codes [-(2^(N-1) - 1), 2^(N-1) - 1] (the most negative code unused), scale = max|x| / q_max,
+  so +-max|x| are represented exactly.
+- ``qNf``: codes [-2^(N-1), 2^(N-1) - 1], every code used, scale = 2 max|x| / (2^N - 1).
+
+The floating-point presets (e5m2, e4m3, e2m1) live with the minifloats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from lowbit.errors import FormatError
+from lowbit.formats._registry import register
+from lowbit.formats.integer import Affine
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _IntegerPreset(Affine):
+    """An Affine with fixed bits / symmetry / code range; the granularity stays free."""
+
+    preset_bits: ClassVar[int] = 8
+    preset_narrow: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        fixed = {"bits": self.preset_bits, "signed": True, "symmetric": True, "narrow_range": self.preset_narrow}
+        defaults = {f.name: f.default for f in dataclasses.fields(Affine)}
+        for name, value in fixed.items():
+            current = getattr(self, name)
+            if current != defaults[name] and current != value:
+                raise FormatError(f"{self.format_name}: {name} is fixed to {value} by the preset (got {current!r})")
+            object.__setattr__(self, name, value)
+        super().__post_init__()
+
+
+def _preset(name: str, bits: int, narrow: bool) -> type[Affine]:
+    doc = f"Burn's {name.upper()}: {bits}-bit symmetric codes, {'symmetric (narrow)' if narrow else 'full'} range."
+    cls = dataclasses.dataclass(frozen=True, kw_only=True)(
+        type(name.upper(), (_IntegerPreset,), {"format_name": name, "preset_bits": bits, "preset_narrow": narrow,
+                                               "full_range_scale": not narrow,
+                                               "__doc__": doc, "__module__": __name__})
+    )
+    return register(cls)
+
+
+Q8S = _preset("q8s", 8, True)
+Q4S = _preset("q4s", 4, True)
+Q2S = _preset("q2s", 2, True)
+Q8F = _preset("q8f", 8, False)
+Q4F = _preset("q4f", 4, False)
+Q2F = _preset("q2f", 2, False)

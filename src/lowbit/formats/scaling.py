@@ -1,0 +1,31 @@
+"""Helpers for shared scales: scale precision (f32 / f16 / bf16) and power-of-two scales."""
+
+from __future__ import annotations
+
+import torch
+
+_TORCH_SCALE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+SCALE_DTYPE_BITS = {"f32": 32, "f16": 16, "bf16": 16}
+
+
+def round_scale(scale: torch.Tensor, scale_dtype: str) -> torch.Tensor:
+    """Round positive scales to the precision they are stored in, keeping them positive and finite."""
+    target = _TORCH_SCALE_DTYPES[scale_dtype]
+    if target == scale.dtype:
+        return scale
+    info = torch.finfo(target)
+    clamped = scale.clamp(min=info.tiny, max=info.max)
+    return clamped.to(target).to(scale.dtype)
+
+
+def ceil_power_of_two(scale: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two >= scale (exact: frexp / ldexp, no log2 rounding)."""
+    mantissa, exponent = torch.frexp(scale)  # scale = mantissa * 2**exponent, mantissa in [0.5, 1)
+    exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)
+    return torch.ldexp(torch.ones_like(scale), exponent)
+
+
+def safe_scale(scale: torch.Tensor) -> torch.Tensor:
+    """Replace zero, subnormal or non-finite scales (all-zero blocks) by the smallest normal float."""
+    tiny = torch.finfo(scale.dtype).tiny
+    return torch.where(torch.isfinite(scale) & (scale >= tiny), scale, torch.full_like(scale, tiny))

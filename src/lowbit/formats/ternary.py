@@ -1,0 +1,82 @@
+"""Ternary: values {-1, 0, +1}, or {-alpha, 0, +alpha} with ``scaling_factor``.
+
+y = +1 where x > delta, -1 where x < -delta, else 0. The threshold delta comes from, in order:
+``threshold`` (given), then statistics as MASE's stat-to-config writes them (seed 002): 0.75 |mean|,
+else 0.75 |median|, else 0.05 |max|; and when no statistic is given, from the tensor itself, TWN-style:
+delta = 0.75 mean |x| (per tensor, or per index of ``axis``). alpha = mean |x| over the elements above
+delta in each group (TWN's optimum). NaN stays NaN; +-inf become +-alpha. Works on tensors of any rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_float, check_int
+from lowbit.formats._registry import register
+from lowbit.formats.binary import mean_abs
+from lowbit.formats.blocking import apply_blockwise, block_shape
+
+# Threshold = factor * |statistic|, tried in this order (seed 002 / MASE 2023 priorities).
+STATISTIC_FACTORS: tuple[tuple[str, float], ...] = (("mean", 0.75), ("median", 0.75), ("max", 0.05))
+TWN_FACTOR = 0.75
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Ternary(FormatSpec):
+    """Threshold ternarisation, optionally scaled; thresholds from a value, statistics, or the data."""
+
+    format_name = "ternary"
+    roundings = ("nearest_even",)
+
+    width: int = 2
+    scaling_factor: bool = False
+    threshold: float | None = None
+    mean: float | None = None
+    median: float | None = None
+    max: float | None = None
+    axis: int | None = None
+
+    def validate(self) -> None:
+        check_int(self, "width", 2, 2)
+        check_bool(self, "scaling_factor")
+        check_float(self, "threshold", optional=True)
+        if self.threshold is not None and self.threshold < 0:
+            object.__setattr__(self, "threshold", -self.threshold)
+        for name, _ in STATISTIC_FACTORS:
+            check_float(self, name, optional=True)
+        check_axis(self)
+
+    @property
+    def bits(self) -> int:
+        return 2
+
+    @property
+    def fixed_threshold(self) -> float | None:
+        """The threshold from ``threshold`` or the statistics, or None (computed from the data)."""
+        if self.threshold is not None:
+            return self.threshold
+        for name, factor in STATISTIC_FACTORS:
+            value = getattr(self, name)
+            if value is not None:
+                return factor * abs(value)
+        return None
+
+    def value_set(self) -> torch.Tensor | None:
+        return None if self.scaling_factor else torch.tensor([-1.0, 0.0, 1.0], dtype=torch.float64)
+
+    def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        block = block_shape(x.shape, None, self.axis)
+        return apply_blockwise(x, block, self._ternarize)
+
+    def _ternarize(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+        fixed = self.fixed_threshold
+        delta = TWN_FACTOR * mean_abs(blocked, dims) if fixed is None else torch.tensor(fixed, dtype=blocked.dtype)
+        signs = (blocked > delta).to(blocked.dtype) - (blocked < -delta).to(blocked.dtype)
+        if self.scaling_factor:
+            above = (signs != 0) & torch.isfinite(blocked)
+            total = torch.where(above, blocked.abs(), torch.zeros_like(blocked)).sum(dim=dims, keepdim=True)
+            signs = signs * (total / above.sum(dim=dims, keepdim=True).clamp(min=1))
+        return torch.where(torch.isnan(blocked), blocked, signs)
