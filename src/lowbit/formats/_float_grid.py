@@ -1,0 +1,60 @@
+"""Rounding onto a floating-point grid: the core shared by minifloat, block and MX formats.
+
+A binary floating-point grid with ``mantissa_bits`` M and smallest normal exponent ``min_exponent`` holds
+0, the subnormals k * 2^(min_exponent - M) for 0 < k < 2^M, and the normals 2^e * (1 + f / 2^M) for
+e >= min_exponent. ``round_to_float_grid`` gives each element the grid value chosen by the rounding mode
+(a mantissa that rounds up to 2 carries into the next exponent, as IEEE 754 does), then clamps the
+magnitude to ``max_value``. ``min_exponent`` and ``max_value`` may be tensors that broadcast against x
+(a shared exponent bias per block). NaN stays NaN; +-inf saturate to +-max_value.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lowbit.formats.rounding import round_to_integer
+
+
+def floor_log2(magnitude: torch.Tensor) -> torch.Tensor:
+    """floor(log2(|x|)) as an int32 tensor, exact (frexp, no log2 rounding); 0 gives a very small value."""
+    _, exponent = torch.frexp(magnitude)  # magnitude = m * 2**exponent with m in [0.5, 1)
+    return exponent - 1
+
+
+def round_to_float_grid(
+    x: torch.Tensor,
+    mantissa_bits: int,
+    min_exponent: int | torch.Tensor,
+    max_value: float | torch.Tensor,
+    rounding: str = "nearest_even",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Nearest (by ``rounding``) value of the grid described above, saturating at +-max_value."""
+    exponent = floor_log2(x.abs())
+    if isinstance(min_exponent, torch.Tensor):
+        exponent = torch.maximum(exponent, min_exponent.to(exponent.dtype))
+    else:
+        exponent = exponent.clamp(min=min_exponent)
+    # Elements of the binade [2^e, 2^(e+1)) (or the subnormal range) sit on multiples of 2^(e - M).
+    step = torch.ldexp(torch.ones_like(x), exponent - mantissa_bits)
+    rounded = round_to_integer(x / step, rounding, generator) * step
+    if isinstance(max_value, torch.Tensor):
+        return torch.maximum(torch.minimum(rounded, max_value), -max_value)
+    return rounded.clamp(-max_value, max_value)
+
+
+def float_grid_max(exponent_width: int, mantissa_bits: int, exponent_bias: int, reserved_top: bool) -> float:
+    """Largest finite value; ``reserved_top`` drops the top exponent code (IEEE: it encodes inf / NaN)."""
+    top_exponent = (2**exponent_width - 1) - exponent_bias - (1 if reserved_top else 0)
+    return (2.0 - 2.0**-mantissa_bits) * 2.0**top_exponent
+
+
+def float_grid_values(mantissa_bits: int, min_exponent: int, max_value: float) -> torch.Tensor:
+    """Every value of the grid up to max_value, both signs, sorted (float64); for exhaustive tests."""
+    positives = [k * 2.0 ** (min_exponent - mantissa_bits) for k in range(2**mantissa_bits)]
+    exponent = min_exponent
+    while 2.0**exponent <= max_value:
+        positives += [2.0**exponent * (1 + f / 2**mantissa_bits) for f in range(2**mantissa_bits)]
+        exponent += 1
+    positives = torch.tensor(sorted({v for v in positives if v <= max_value}), dtype=torch.float64)
+    return torch.cat([-positives.flip(0)[:-1], positives])
