@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from lowbit.errors import FormatError, did_you_mean
+from lowbit.errors import FormatError, LowbitError, did_you_mean
 from lowbit.formats.rounding import ROUNDING_MODES, canonical_rounding, make_generator
 from lowbit.formats.ste import straight_through
 
@@ -115,8 +115,21 @@ class FormatSpec:
         return {name: getattr(self, name) for name in self.parameter_names()}
 
     def describe(self) -> str:
-        inner = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        """``name(param=value, ...)`` listing only the parameters that differ from their defaults."""
+        defaults = type(self)()._defaults() if self._constructible_by_default() else {}
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.params().items() if defaults.get(k, object()) != v)
         return f"{self.format_name}({inner})"
+
+    def _defaults(self) -> dict[str, Any]:
+        return self.params()
+
+    @classmethod
+    def _constructible_by_default(cls) -> bool:
+        try:
+            cls()
+        except LowbitError:
+            return False
+        return True
 
 
 # ---- shared parameter checks ----------------------------------------------------------------------------
