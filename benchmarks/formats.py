@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 import lowbit
+from lowbit._io import atomic_write_text
 
 FORMATS: list[tuple[str, dict]] = [
     ("integer", {"width": 8, "frac_width": 4}),
@@ -113,8 +114,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(text + "\n")
+        atomic_write_text(args.out, text + "\n")
 
 
 if __name__ == "__main__":

@@ -1,19 +1,31 @@
 """Binary formats: ``binary`` (one bit per element) and ``binary_residual`` (L residual sign levels).
 
-``binary``: bipolar values {-1, +1} (x >= 0 -> +1, so +-0 -> +1) or unipolar {0, 1} (x > 0 -> 1), optionally
-times alpha = mean |x| (per tensor, or per index of ``axis``). Stochastic rounding draws +1 with probability
-clamp((x / alpha + 1) / 2, 0, 1) (bipolar) or clamp(x / alpha, 0, 1) (unipolar), so E[y] = x inside the
-range: unbiased. NaN stays NaN; +-inf take the sign's value.
+``binary``
+    Value set: bipolar {-1, +1} (x >= 0 -> +1, so both +0 and -0 -> +1) or unipolar {0, 1} (x > 0 -> 1).
+    With ``scaling_factor`` the values are {-alpha, +alpha} / {0, alpha}, one alpha per tensor (or per index
+    of ``axis``): bipolar alpha = mean |x|, unipolar alpha = mean of the positive x. Both are the scale that
+    minimises the squared error for the chosen signs, and re-quantizing gives the same alpha (idempotent).
+    Stochastic rounding (``stochastic=True`` or ``rounding="stochastic"``) picks the high value with
+    probability clamp((x / alpha + 1) / 2, 0, 1) (bipolar) or clamp(x / alpha, 0, 1) (unipolar), so
+    E[y] = x inside [-alpha, alpha] / [0, alpha]: unbiased. Max = alpha (1 unscaled), no subnormals; zero is
+    not representable in bipolar mode (it becomes +alpha). NaN stays NaN; +-inf take their sign's value.
+    Non-finite elements count as 0 in alpha (a NaN changes nothing that a 0 would not change).
 
-``binary_residual`` (ReActNet / LUTNet residual sign): r = x; for each level l: s_l = sign(r) * m_l
-(sign(0) = +1), r -= s_l; y = sum_l s_l. With L levels there are 2^L values (every signed sum of the m_l).
-The default magnitudes are MASE's (L, L-1, ..., 1) / sum, e.g. (2/3, 1/3) for L = 2.
+``binary_residual`` (ReActNet / LUTNet residual sign)
+    Value set: every signed sum +-m_1 +- m_2 ... +- m_L of the magnitudes ``means`` (2^L values when those
+    sums are distinct; MASE's default magnitudes (L, L-1, ..., 1) / sum give the uniform grid k / sum, i.e.
+    L(L+1)/2 + 1 values, which is 2^L only for L <= 2). Max = sum of the magnitudes. Each x goes to the
+    nearest value, ties toward +inf (the residual sign's sign(0) = +1); for MASE's default magnitudes this
+    is exactly the greedy residual sign r = x; s_l = sign(r) m_l; r -= s_l; y = sum s_l. Out-of-range
+    values and +-inf saturate to +-max, NaN stays NaN, zero is exact only when some signed sum is zero.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+import math
 
 import torch
 
@@ -23,18 +35,32 @@ from lowbit.formats._registry import register
 from lowbit.formats.blocking import apply_blockwise, block_shape
 
 
+def masked_mean(magnitude: torch.Tensor, selected: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """Mean of ``magnitude`` (>= 0, finite where selected) over the selected elements of each block.
+
+    When every selected magnitude is equal the mean is that value exactly (a plain sum / count can be an
+    ulp off), so quantizing an already quantized tensor reproduces its scale bit for bit. The sum runs on
+    magnitudes divided by the block maximum, so huge values cannot overflow it. No selection gives 0.
+    """
+    kept = torch.where(selected, magnitude, torch.zeros_like(magnitude))
+    top = kept.amax(dim=dims, keepdim=True)
+    bottom = torch.where(selected, magnitude, torch.full_like(magnitude, math.inf)).amin(dim=dims, keepdim=True)
+    count = selected.sum(dim=dims, keepdim=True).clamp(min=1)
+    unit = torch.where(top > 0, top, torch.ones_like(top))
+    mean = unit * ((kept / unit).sum(dim=dims, keepdim=True) / count)
+    return torch.where(top == bottom, top, mean)
+
+
 def mean_abs(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """mean |x| per block over finite elements."""
-    finite = torch.isfinite(blocked)
-    magnitude = torch.where(finite, blocked.abs(), torch.zeros_like(blocked))
-    count = finite.sum(dim=dims, keepdim=True).clamp(min=1)
-    return magnitude.sum(dim=dims, keepdim=True) / count
+    """mean |x| per block, NaN and +-inf counted as 0 (as if the element were zero)."""
+    magnitude = torch.where(torch.isfinite(blocked), blocked.abs(), torch.zeros_like(blocked))
+    return masked_mean(magnitude, torch.ones_like(blocked, dtype=torch.bool), dims)
 
 
 @register
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Binary(FormatSpec):
-    """Sign binarisation, bipolar {-1, +1} or unipolar {0, 1}, optionally scaled by mean |x|."""
+    """Sign binarisation, bipolar {-1, +1} or unipolar {0, 1}, optionally scaled (see the module doc)."""
 
     format_name = "binary"
     roundings = ("nearest_even", "stochastic")
@@ -68,7 +94,13 @@ class Binary(FormatSpec):
         if not self.scaling_factor:
             return self._binarize(x, torch.ones((), dtype=x.dtype, device=x.device), generator)
         block = block_shape(x.shape, None, self.axis)
-        return apply_blockwise(x, block, lambda b, dims: self._binarize(b, mean_abs(b, dims), generator))
+        return apply_blockwise(x, block, lambda b, dims: self._binarize(b, self._scale(b, dims), generator))
+
+    def _scale(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+        """alpha per block: the least-squares scale of the signs this format will choose."""
+        if self.bipolar:
+            return mean_abs(blocked, dims)
+        return masked_mean(blocked, torch.isfinite(blocked) & (blocked > 0), dims)
 
     def _binarize(self, x: torch.Tensor, alpha: torch.Tensor, generator) -> torch.Tensor:
         low = -1.0 if self.bipolar else 0.0
@@ -82,10 +114,29 @@ class Binary(FormatSpec):
         return torch.where(torch.isnan(x), x, out)
 
 
+@functools.lru_cache(maxsize=64)
+def residual_values(means: tuple[float, ...]) -> tuple[float, ...]:
+    """The distinct signed sums +-m_1 +- ... +- m_L, sorted ascending.
+
+    Each sum is computed exactly (fsum) and sums closer than 1e-9 of the total are merged, keeping the
+    smaller magnitude: e.g. 1/2 - 1/3 - 1/6 is 2.8e-17 in floats but must be the value zero. Merging the
+    magnitudes and mirroring them keeps the set exactly sign-symmetric.
+    """
+    tolerance = 1e-9 * math.fsum(means)
+    signs = itertools.product((-1.0, 1.0), repeat=len(means))
+    magnitudes = sorted({abs(math.fsum(s * m for s, m in zip(pattern, means))) for pattern in signs})
+    kept: list[float] = []
+    for value in magnitudes:
+        value = 0.0 if value <= tolerance else value
+        if not kept or value - kept[-1] > tolerance:
+            kept.append(value)
+    return tuple([-v for v in reversed(kept) if v > 0] + kept)
+
+
 @register
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BinaryResidual(FormatSpec):
-    """Residual sign with ``levels`` magnitudes ``means`` (positive, non-increasing)."""
+    """Residual sign with ``levels`` positive magnitudes ``means`` (see the module doc)."""
 
     format_name = "binary_residual"
     roundings = ("nearest_even",)
@@ -101,26 +152,29 @@ class BinaryResidual(FormatSpec):
         if means is None:
             total = self.levels * (self.levels + 1) / 2
             means = tuple((self.levels - i) / total for i in range(self.levels))
-        means = tuple(float(m) for m in (means.tolist() if isinstance(means, torch.Tensor) else means))
-        if len(means) != self.levels:
-            raise FormatError(f"{self.format_name}: means has {len(means)} entries but levels={self.levels}")
-        if any(m <= 0 for m in means) or any(a < b for a, b in zip(means, means[1:])):
-            raise FormatError(f"{self.format_name}: means={means} must be positive and non-increasing")
-        object.__setattr__(self, "means", means)
+        object.__setattr__(self, "means", self._check_means(means))
+
+    def _check_means(self, means) -> tuple[float, ...]:
+        legal = f"must be {self.levels} finite positive numbers (one per level)"
+        try:
+            values = tuple(float(m) for m in (means.tolist() if isinstance(means, torch.Tensor) else means))
+        except (TypeError, ValueError):
+            raise FormatError(f"{self.format_name}: means={means!r} is invalid; {legal}") from None
+        if len(values) != self.levels or not all(math.isfinite(m) and m > 0 for m in values):
+            raise FormatError(f"{self.format_name}: means={means!r} is invalid; {legal}")
+        return values
 
     @property
     def bits(self) -> int:
         return self.levels
 
     def value_set(self) -> torch.Tensor:
-        sums = {sum(s * m for s, m in zip(signs, self.means)) for signs in itertools.product((-1, 1), repeat=self.levels)}
-        return torch.tensor(sorted(sums), dtype=torch.float64)
+        return torch.tensor(residual_values(self.means), dtype=torch.float64)
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        residual = x
-        out = torch.zeros_like(x)
-        for magnitude in self.means:
-            level = torch.where(residual >= 0, magnitude, -magnitude)
-            out = out + level
-            residual = residual - level
+        # unique(): two values may coincide once cast to a narrower dtype.
+        values = torch.tensor(residual_values(self.means), dtype=x.dtype, device=x.device).unique()
+        midpoints = (values[:-1] + values[1:]) / 2
+        # right=True sends a value equal to a midpoint to the upper neighbour: ties go toward +inf.
+        out = values[torch.bucketize(x, midpoints, right=True)]
         return torch.where(torch.isnan(x), x, out)

@@ -43,6 +43,10 @@ def block_shape(
     ``axis`` with an int-like one-entry block_size: blocks of that size along ``axis`` (MX style).
     """
     ndim = len(shape)
+    if ndim == 0:  # a 0-d tensor is one block of its one element (axis 0 / -1 still validated)
+        if axis is not None:
+            normalize_axis(axis, ndim)
+        return ()
     if block_size is None:
         block = list(shape)
         if axis is not None:

@@ -8,13 +8,14 @@ y = (q - b) / a, with a = 1 / scale and b the zero point. The scale is either gi
 data by min-max at a granularity (per tensor, per channel via ``axis``, ND blocks via ``block_size``);
 ``symmetric`` fixes b = 0; ``power_of_two`` rounds the scale up to a power of two (a block exponent);
 ``scale_dtype`` rounds the scale to the precision it is stored in; ``rounding="stochastic"`` is unbiased.
+See docs/formats/integer.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -28,12 +29,20 @@ from lowbit.formats._base import (
     check_choice,
     check_int,
     check_optional,
+    check_tensor,
 )
 from lowbit.formats._registry import register
 from lowbit.formats.blocking import apply_blockwise, block_shape, finite_abs_max, finite_min_max, normalize_axis
 from lowbit.formats.blocking import num_blocks
 from lowbit.formats.rounding import round_to_integer
-from lowbit.formats.scaling import SCALE_DTYPE_BITS, ceil_power_of_two, round_scale, safe_scale
+from lowbit.formats.scaling import SCALE_DTYPE_BITS, ceil_power_of_two, round_scale, round_scale_up, safe_scale
+
+
+class AffineParameters(NamedTuple):
+    """The scale and zero point of every element (both shaped like the quantized tensor)."""
+
+    scale: torch.Tensor
+    zero_point: torch.Tensor
 
 
 def code_range(bits: int, signed: bool, narrow_range: bool = False) -> tuple[int, int]:
@@ -48,8 +57,12 @@ def code_range(bits: int, signed: bool, narrow_range: bool = False) -> tuple[int
 class Integer(FormatSpec):
     """Fixed point: ``width`` bits, ``frac_width`` of them after the binary point (default width // 2).
 
-    Values: k / 2^frac_width for every code k. Saturates out-of-range values and +-inf to the extreme
-    codes; NaN stays NaN; zero is the code 0.
+    Values: k / 2^f for every code k in [-2^(w-1), 2^(w-1) - 1] (signed) or [0, 2^w - 1] (unsigned), so
+    max = (2^(w-1) - 1) / 2^f (signed) or (2^w - 1) / 2^f, min = -2^(w-1) / 2^f (signed) or 0, and the
+    smallest nonzero magnitude is 2^-f; an evenly spaced grid, no subnormals. Any f works, negative
+    (steps larger than 1) or larger than w (all values below 1). Out-of-range values and +-inf saturate
+    to the extreme codes; NaN stays NaN; zero is the code 0 (a negative input that rounds to zero gives
+    -0.0). Exact for float64 input; float32 holds every code exactly only up to w = 24.
     """
 
     format_name = "integer"
@@ -79,7 +92,12 @@ class Integer(FormatSpec):
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         q_min, q_max = self.code_range
-        scaled = x * math.ldexp(1.0, self.frac_width)  # a power of two: exact
+        scaled = x * math.ldexp(1.0, self.frac_width)  # a power of two: exact unless it underflows
+        if self.frac_width < 0:
+            # Underflow can flush a tiny nonzero x to zero; keep it nonzero (any value in (0, 1) rounds alike)
+            # so that up / down / away_from_zero still see which side of zero it is on.
+            tiny = torch.sign(x) * torch.finfo(x.dtype).tiny
+            scaled = torch.where((scaled == 0) & (x != 0), tiny, scaled)
         codes = round_to_integer(scaled, self.rounding, generator).clamp(q_min, q_max)
         return codes * self.step
 
@@ -101,11 +119,29 @@ class Fixed(Integer):
 class Affine(FormatSpec):
     """Uniform integer codes with a scale and a zero point: y = (clamp(round(x / scale) + zp) - zp) * scale.
 
-    Given ``scale`` (and ``zero_point``) are used as they are: a number, or one entry per index of
-    ``axis``. Otherwise they come from the data per block (min-max): symmetric scale = max|x| / q_max (so
-    +-max|x| are exact; a signed format's most negative code then only takes clamped values); asymmetric scale = (max - min) / (q_max - q_min) over a range
-    widened to include zero, zero point = q_min - round(min / scale). An all-zero block gets the smallest
-    normal scale, so it stays zero and never produces NaN.
+    Codes q in [q_min, q_max]: [-2^(bits-1), 2^(bits-1) - 1] signed (narrow_range drops -2^(bits-1)),
+    [0, 2^bits - 1] unsigned. Values: (q - zp) * scale, so max = (q_max - zp) * scale, min =
+    (q_min - zp) * scale; an evenly spaced grid, no subnormals. Zero is always exact (the code zp).
+
+    Given ``scale`` (and ``zero_point``, default 0) are used as they are: a number, or one entry per index
+    of ``axis`` (``power_of_two`` rounds a given scale up to a power of two, ``scale_dtype`` to the
+    nearest f16 / bf16 value). x / scale is computed as x * (1 / scale), bit for bit as
+    torch.fake_quantize_* does; the directed modes then compare against the grid values themselves, so a
+    value on the grid never moves.
+
+    Otherwise scale and zero point come from the data per block (min-max over finite elements):
+    symmetric scale = max|x| / q_max, so +-max|x| land on the end codes (exact up to float rounding of
+    q_max * scale) and the format is sign symmetric (-inf saturates at -q_max; the most negative signed
+    code stays unused); asymmetric scale = (max - min) /
+    (q_max - q_min) over a range widened to include zero, zero point = q_min - round(min / scale).
+    ``power_of_two`` then rounds the scale up to a power of two and ``scale_dtype`` to the nearest f16 /
+    bf16 value, or up to the next one where nearest would push a block extreme more than half a step past
+    the codes: a block's maximum never saturates. A block whose scale would be zero or below the
+    smallest normal float (all zeros, or magnitudes below about q_max * 1.2e-38) gets the smallest normal
+    float as its scale, so it stays (nearly) zero and never produces NaN.
+
+    Out-of-range values and +-inf saturate to the extreme codes; NaN stays NaN and does not affect the
+    scale.
     """
 
     format_name = "affine"
@@ -143,10 +179,20 @@ class Affine(FormatSpec):
         if scale is not None and self.block_size is not None:
             raise FormatError(f"{self.format_name}: give scale= or block_size=, not both")
         if scale is not None and any(not (math.isfinite(s) and s > 0) for s in scale):
-            raise FormatError(f"{self.format_name}: scale={self.scale!r} is invalid; every scale must be finite and > 0")
-        if scale is not None and len(scale) > 1 and self.axis is None:
-            raise FormatError(f"{self.format_name}: {len(scale)} scales need axis= to say which dimension they follow")
+            raise FormatError(
+                f"{self.format_name}: scale={self.scale!r} is invalid; every scale must be finite and > 0"
+            )
+        for name, values in (("scale", scale), ("zero_point", zero_point)):
+            if values is not None and len(values) > 1 and self.axis is None:
+                raise FormatError(
+                    f"{self.format_name}: {len(values)} {name} values need axis= to say which dimension they follow"
+                )
         q_min, q_max = self.code_range
+        if self.symmetric and q_max < 1:
+            raise FormatError(
+                f"{self.format_name}: symmetric=True needs a positive largest code; bits={self.bits} signed "
+                f"codes are [{q_min}, {q_max}] (use bits >= 2 or signed=False)"
+            )
         for zp in zero_point or ():
             if not q_min <= zp <= q_max:
                 raise FormatError(f"{self.format_name}: zero_point={zp} is outside the code range [{q_min}, {q_max}]")
@@ -157,6 +203,16 @@ class Affine(FormatSpec):
     @property
     def code_range(self) -> tuple[int, int]:
         return code_range(self.bits, self.signed, self.narrow_range)
+
+    @property
+    def clamp_range(self) -> tuple[int, int]:
+        """The codes quantized values can take: the code range, except that a data-derived symmetric scale
+        (max|x| = q_max steps) also saturates -inf at -q_max, keeping the format sign symmetric and its own
+        output's scale equal to the scale it was quantized with (idempotence)."""
+        q_min, q_max = self.code_range
+        if self.scale is None and self.symmetric and not self.full_range_scale:
+            return max(q_min, -q_max), q_max
+        return q_min, q_max
 
     def bits_per_element(self, shape: tuple[int, ...] | None = None) -> float:
         """Code bits plus the scale (and zero point) bits shared by each block, per element."""
@@ -170,12 +226,13 @@ class Affine(FormatSpec):
         return self.bits + per_block * num_blocks(shape, block) / numel
 
     def value_set(self) -> torch.Tensor | None:
-        if self.scale is None or len(self.scale) != 1:
-            return None
-        q_min, q_max = self.code_range
-        zp = self.zero_point[0] if self.zero_point else 0
-        scale = torch.tensor(self.scale[0], dtype=torch.float32)
-        return ((torch.arange(q_min, q_max + 1, dtype=torch.float32) - zp) * scale).double()
+        if self.scale is None or len(self.scale) != 1 or len(self.zero_point or (0,)) != 1:
+            return None  # data-derived, or one grid per channel
+        q_min, q_max = self.clamp_range
+        # The scale as quantization rounds it; float64 products are the grid of a float64 input (a float32
+        # input gets these values rounded to float32, which is what its own arithmetic gives).
+        scale, zero_point = self._given_parameters(torch.zeros((), dtype=torch.float64))
+        return (torch.arange(q_min, q_max + 1, dtype=torch.float64) - zero_point) * scale
 
     # ---- quantization -------------------------------------------------------------------------------
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -194,44 +251,122 @@ class Affine(FormatSpec):
         q_min, q_max = self.code_range
         if self.symmetric:
             amax = finite_abs_max(blocked, dims)
-            scale = amax / ((q_max - q_min) / 2 if self.full_range_scale else q_max)
-            return self._finish_scale(scale), torch.zeros_like(scale)
+            return self._fit_scale(amax / ((q_max - q_min) / 2 if self.full_range_scale else q_max), -amax, amax)
         low, high = finite_min_max(blocked, dims)
-        scale = self._finish_scale((high - low) / (q_max - q_min))
-        zero_point = (q_min - torch.round(low / scale)).clamp(q_min, q_max)
+        levels = q_max - q_min
+        span = high - low  # overflows to inf only for a range wider than the float range: split it then
+        return self._fit_scale(torch.where(torch.isinf(span), high / levels - low / levels, span / levels), low, high)
+
+    def _fit_scale(self, raw: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scale and zero point from the raw min-max scale of blocks spanning [low, high].
+
+        The scale goes to a power of two (up) if asked, then to its stored precision: to nearest, as a
+        plain cast stores it, except where that would put the block's low or high more than half a step
+        past the codes; there it is rounded up instead, so a block's extremes never saturate.
+        """
+        raw = safe_scale(raw)
+        if self.power_of_two:
+            raw = ceil_power_of_two(raw)
+        scale = safe_scale(round_scale(raw, self.scale_dtype))
+        zero_point = self._derived_zero_point(low, scale)
+        if self.scale_dtype != "f32":
+            q_min, q_max = self.clamp_range
+            inverse = 1.0 / scale
+            past = (high * inverse + zero_point > q_max + 0.5) | (low * inverse + zero_point < q_min - 0.5)
+            scale = torch.where(past, safe_scale(round_scale_up(raw, self.scale_dtype)), scale)
+            zero_point = self._derived_zero_point(low, scale)
         return scale, zero_point
 
-    def _finish_scale(self, scale: torch.Tensor) -> torch.Tensor:
-        scale = safe_scale(scale)
-        if self.power_of_two:
-            scale = ceil_power_of_two(scale)
-        return safe_scale(round_scale(scale, self.scale_dtype))
+    def _derived_zero_point(self, low: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """0 for a symmetric format; else the code of zero, so that ``low`` lands on the first code."""
+        if self.symmetric:
+            return torch.zeros_like(scale)
+        q_min, q_max = self.code_range
+        return (q_min - torch.round(low / scale)).clamp(q_min, q_max)
 
     def _given_parameters(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The given scale and zero point, shaped to broadcast over ``x`` (per channel along ``axis``)."""
         scale = torch.tensor(self.scale, dtype=x.dtype, device=x.device)
         if self.power_of_two:
             scale = ceil_power_of_two(scale)
         scale = round_scale(scale, self.scale_dtype)
         zero_point = torch.tensor(self.zero_point or (0,), dtype=x.dtype, device=x.device)
-        if self.axis is None:
-            return scale, zero_point
-        axis = normalize_axis(self.axis, x.dim())
-        for name, values in (("scale", scale), ("zero_point", zero_point)):
-            if values.numel() not in (1, x.shape[axis] if x.dim() else 1):
-                raise FormatError(
-                    f"{self.format_name}: {values.numel()} {name} values do not match dimension {axis} "
-                    f"of size {x.shape[axis]}"
-                )
-        view = [1] * x.dim()
-        if x.dim():
-            view[axis] = -1
+        view = [1] * x.dim()  # a 0-d x keeps its 0-d shape
+        if self.axis is not None:
+            axis = normalize_axis(self.axis, x.dim())
+            length = x.shape[axis] if x.dim() else 1
+            for name, values in (("scale", scale), ("zero_point", zero_point)):
+                if values.numel() not in (1, length):
+                    raise FormatError(
+                        f"{self.format_name}: {values.numel()} {name} values do not match dimension {axis} "
+                        f"of size {length} (axis={self.axis}, tensor shape {tuple(x.shape)})"
+                    )
+            if x.dim():
+                view[axis] = -1
         return scale.reshape(view), zero_point.reshape(view)
 
+    def scale_and_zero_point(self, x: torch.Tensor) -> AffineParameters:
+        """The scale and zero point each element of ``x`` is quantized with, both shaped like ``x``.
+
+        Given parameters are broadcast; derived ones are computed from ``x`` exactly as quantization does
+        (float32 math for float16 / bfloat16 input, float64 for float64).
+        """
+        check_tensor(x)
+        work = x.detach() if x.dtype in (torch.float32, torch.float64) else x.detach().float()
+        if self.scale is not None:
+            scale, zero_point = self._given_parameters(work)
+        elif work.numel() == 0:
+            scale, zero_point = torch.ones_like(work), torch.zeros_like(work)
+        else:
+            block = block_shape(work.shape, self.block_size, self.axis, self.skip_first_dim)
+            scale = apply_blockwise(work, block, lambda b, dims: self.parameters_from_block(b, dims)[0].expand_as(b))
+            zero_point = apply_blockwise(
+                work, block, lambda b, dims: self.parameters_from_block(b, dims)[1].expand_as(b)
+            )
+        return AffineParameters(scale.expand_as(work).clone(), zero_point.expand_as(work).clone())
+
     def _fake_quantize(self, x, scale, zero_point, generator) -> torch.Tensor:
-        q_min, q_max = self.code_range
-        inverse = 1.0 / scale  # round(a*x + b) with a = 1/scale, as torch.fake_quantize_* computes it
-        codes = round_to_integer(x * inverse, self.rounding, generator) + zero_point
-        return (codes.clamp(q_min, q_max) - zero_point) * scale
+        q_min, q_max = self.clamp_range
+        steps = self._round_steps(x, scale, generator)
+        out = ((steps + zero_point).clamp(q_min, q_max) - zero_point) * scale
+        # A scale rounded up (power of two) for data near the top of the float range can put the extreme
+        # grid values beyond it; saturate there rather than return inf for finite input.
+        limit = torch.finfo(out.dtype).max
+        return out.clamp(-limit, limit)
+
+    def _round_steps(self, x: torch.Tensor, scale: torch.Tensor, generator) -> torch.Tensor:
+        """round(x / scale) by the rounding mode: the signed number of steps of the value from zero."""
+        scaled = x * (1.0 / scale)  # round(a*x + b) with a = 1/scale, as torch.fake_quantize_* computes it
+        steps = round_to_integer(scaled, self.rounding, generator)
+        if self.rounding in _NOT_ABOVE_X:
+            return _correct_directed(x, scale, steps, self.rounding)
+        if self.is_stochastic:
+            nearest = torch.round(scaled)
+            return torch.where(nearest * scale == x, nearest, steps)  # values on the grid stay put
+        return steps
+
+
+# Directed modes: where the result must not exceed x (True; else it must not fall below x).
+_NOT_ABOVE_X = {
+    "down": lambda x: torch.ones_like(x, dtype=torch.bool),
+    "up": lambda x: torch.zeros_like(x, dtype=torch.bool),
+    "toward_zero": lambda x: x >= 0,
+    "away_from_zero": lambda x: x < 0,
+}
+
+
+def _correct_directed(x: torch.Tensor, scale: torch.Tensor, steps: torch.Tensor, mode: str) -> torch.Tensor:
+    """Directed rounding against the actual grid values steps * scale.
+
+    x * (1 / scale) is off by an ulp or so when scale is not a power of two, which can put a value that
+    lies exactly on the grid (or within an ulp of it) just across an integer: "down" would then move a
+    representable value one step down. One step of correction suffices for codes of up to 16 bits.
+    """
+    not_above = _NOT_ABOVE_X[mode](x)
+    steps = steps - (not_above & (steps * scale > x)).to(x.dtype)
+    steps = steps + (not_above & ((steps + 1) * scale <= x)).to(x.dtype)
+    steps = steps + (~not_above & (steps * scale < x)).to(x.dtype)
+    return steps - (~not_above & ((steps - 1) * scale >= x)).to(x.dtype)
 
 
 def _as_tuple(spec: FormatSpec, name: str, kind: type) -> tuple | None:

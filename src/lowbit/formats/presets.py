@@ -22,18 +22,30 @@ from lowbit.formats.integer import Affine
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _IntegerPreset(Affine):
-    """An Affine with fixed bits / symmetry / code range; the granularity stays free."""
+    """An Affine with fixed bits / symmetry / code range; the granularity and scale precision stay free.
+
+    The fixed parameters default to None ("not given") rather than to Affine's defaults, so that any
+    explicit value other than the preset's own, including Affine's default (q4s with bits=8), is an error
+    instead of being silently replaced.
+    """
 
     preset_bits: ClassVar[int] = 8
     preset_narrow: ClassVar[bool] = True
 
+    bits: int | None = None
+    signed: bool | None = None
+    symmetric: bool | None = None
+    narrow_range: bool | None = None
+
     def __post_init__(self) -> None:
         fixed = {"bits": self.preset_bits, "signed": True, "symmetric": True, "narrow_range": self.preset_narrow}
-        defaults = {f.name: f.default for f in dataclasses.fields(Affine)}
         for name, value in fixed.items():
-            current = getattr(self, name)
-            if current != defaults[name] and current != value:
-                raise FormatError(f"{self.format_name}: {name} is fixed to {value} by the preset (got {current!r})")
+            given = getattr(self, name)
+            if given is not None and (isinstance(given, str) or given != value):
+                raise FormatError(
+                    f"{self.format_name}: {name}={given!r} is invalid; the preset fixes {name}={value!r} "
+                    f"(use format 'affine' to choose it)"
+                )
             object.__setattr__(self, name, value)
         super().__post_init__()
 

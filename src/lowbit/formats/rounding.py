@@ -21,9 +21,12 @@ down                  floor                                                     
 stochastic            up with probability equal to the fractional part (unbiased)  same
 ===================== ============================================================ ===================
 
-The nearest modes are computed from ``floor(x)`` and the fractional part ``x - floor(x)``, which is exact
-in binary floating point wherever the tie decision depends on it, so ties are detected exactly (unlike
-``floor(x + 0.5)``, which misrounds 0.49999997).
+The nearest modes start from ``torch.round(x)`` (ties to even) and detect ties as ``|x - round(x)| == 0.5``.
+That difference is exact in binary floating point (the two operands are within a factor of two of each
+other, or the rounded one is zero), so ties are found exactly. Two shortcuts that look equivalent are not:
+``floor(x + 0.5)`` turns 0.49999997 into 1, and ``x - floor(x)`` rounds to exactly 0.5 for x = -0.49999997
+(float32), which would send that value to -1. A zero result keeps the sign of its input in every mode
+(-0.3 -> -0.0), so rounding is exactly sign-symmetric where the mode is.
 """
 
 from __future__ import annotations
@@ -75,27 +78,49 @@ def canonical_rounding(mode: str) -> str:
     return key
 
 
-def _round_half(floor: torch.Tensor, frac: torch.Tensor, x: torch.Tensor, mode: str) -> torch.Tensor:
-    """Nearest rounding with the tie rule of ``mode``; ``frac = x - floor`` in [0, 1)."""
-    above = frac > 0.5
-    tie = frac == 0.5
-    if mode == "nearest_up":
-        up = above | tie
-    elif mode == "nearest_down":
-        up = above
-    elif mode == "nearest_away":
-        up = above | (tie & (x >= 0))
-    else:  # nearest_toward_zero
-        up = above | (tie & (x < 0))
-    return floor + up.to(x.dtype)
+# Which neighbour a nearest mode picks on a tie, as the sign of the half step added to the tie.
+_TIE_STEP = {
+    "nearest_up": lambda x: torch.ones_like(x),
+    "nearest_down": lambda x: -torch.ones_like(x),
+    "nearest_away": torch.sign,
+    "nearest_toward_zero": lambda x: -torch.sign(x),
+}
+
+
+def _round_half(x: torch.Tensor, mode: str) -> torch.Tensor:
+    """Nearest rounding with the tie rule of ``mode`` (one of the keys of ``_TIE_STEP``)."""
+    nearest = torch.round(x)
+    tie = (x - nearest).abs() == 0.5  # exact: see the module docstring
+    resolved = x + 0.5 * _TIE_STEP[mode](x)  # a tie k + 0.5 plus or minus 0.5: an integer, exact
+    return torch.copysign(torch.where(tie, resolved, nearest), x)
 
 
 def stochastic_round(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """floor(x) + 1 with probability frac(x): E[result] = x exactly (unbiased)."""
+    """floor(x) + 1 with probability frac(x), else floor(x): E[result] = x (unbiased).
+
+    The uniform noise has the resolution of x's dtype (2^-24 in float32), which bounds the bias by one
+    noise step; integers, NaN and +-inf come back unchanged.
+    """
     floor = torch.floor(x)
     frac = x - floor
     noise = torch.rand(x.shape, generator=generator, dtype=x.dtype, device=x.device)
-    return floor + (noise < frac).to(x.dtype)
+    return torch.copysign(floor + (noise < frac).to(x.dtype), x)
+
+
+def _away_from_zero(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(x >= 0, torch.ceil(x), torch.floor(x))
+
+
+# mode -> rounding function of (x, generator); only stochastic uses the generator.
+_ROUNDERS = {
+    "nearest_even": lambda x, generator: torch.round(x),
+    "toward_zero": lambda x, generator: torch.trunc(x),
+    "away_from_zero": lambda x, generator: _away_from_zero(x),
+    "up": lambda x, generator: torch.ceil(x),
+    "down": lambda x, generator: torch.floor(x),
+    "stochastic": stochastic_round,
+    **{mode: (lambda x, generator, mode=mode: _round_half(x, mode)) for mode in _TIE_STEP},
+}
 
 
 def round_to_integer(
@@ -105,20 +130,7 @@ def round_to_integer(
 
     NaN stays NaN and +-inf stays +-inf in every mode.
     """
-    if mode == "nearest_even":
-        return torch.round(x)
-    if mode == "toward_zero":
-        return torch.trunc(x)
-    if mode == "up":
-        return torch.ceil(x)
-    if mode == "down":
-        return torch.floor(x)
-    if mode == "away_from_zero":
-        return torch.where(x >= 0, torch.ceil(x), torch.floor(x))
-    if mode == "stochastic":
-        return stochastic_round(x, generator)
-    floor = torch.floor(x)
-    return _round_half(floor, x - floor, x, mode)
+    return _ROUNDERS[mode](x, generator)
 
 
 def make_generator(seed: int | None, generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:

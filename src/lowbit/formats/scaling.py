@@ -18,6 +18,26 @@ def round_scale(scale: torch.Tensor, scale_dtype: str) -> torch.Tensor:
     return clamped.to(target).to(scale.dtype)
 
 
+# Significand bits (the implicit one included): a stored value m * 2^e with m in [0.5, 1) has ulp 2^(e - p).
+_SIGNIFICAND_BITS = {torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
+
+
+def round_scale_up(scale: torch.Tensor, scale_dtype: str) -> torch.Tensor:
+    """Like ``round_scale``, but to the smallest stored value >= scale (within the dtype's range).
+
+    For block scales that must not shrink: a scale rounded down lets the block's largest magnitude land
+    past the last code.
+    """
+    target = _TORCH_SCALE_DTYPES[scale_dtype]
+    rounded = round_scale(scale, scale_dtype)
+    if target == scale.dtype:
+        return rounded
+    _, exponent = torch.frexp(rounded)
+    ulp = torch.ldexp(torch.ones_like(rounded), exponent - _SIGNIFICAND_BITS[target])
+    below = (rounded < scale) & (rounded < torch.finfo(target).max)
+    return torch.where(below, rounded + ulp, rounded)
+
+
 def ceil_power_of_two(scale: torch.Tensor) -> torch.Tensor:
     """The smallest power of two >= scale (exact: frexp / ldexp, no log2 rounding)."""
     mantissa, exponent = torch.frexp(scale)  # scale = mantissa * 2**exponent, mantissa in [0.5, 1)

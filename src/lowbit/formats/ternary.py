@@ -1,10 +1,20 @@
 """Ternary: values {-1, 0, +1}, or {-alpha, 0, +alpha} with ``scaling_factor``.
 
-y = +1 where x > delta, -1 where x < -delta, else 0. The threshold delta comes from, in order:
-``threshold`` (given), then statistics as MASE's stat-to-config writes them (seed 002): 0.75 |mean|,
-else 0.75 |median|, else 0.05 |max|; and when no statistic is given, from the tensor itself, TWN-style:
-delta = 0.75 mean |x| (per tensor, or per index of ``axis``). alpha = mean |x| over the elements above
-delta in each group (TWN's optimum). NaN stays NaN; +-inf become +-alpha. Works on tensors of any rank.
+y = +1 where x > delta, -1 where x < -delta, else 0 (symmetric, so q(-x) = -q(x)). The threshold delta
+comes from, in order:
+
+1. ``threshold`` (given; its magnitude is used);
+2. the statistics MASE's stat-to-config writes (seed 002): 0.75 |mean|, else 0.75 |median|, else
+   0.05 |max| ("NA" / None means absent). The magnitude is used because a negative statistic (e.g. a
+   weight median of -0.0034) would otherwise make every element +-1, i.e. binary;
+3. when none is given, the tensor itself, TWN-style: delta = 0.75 mean |x| (per tensor, or per index of
+   ``axis``), NaN and +-inf counted as 0.
+
+alpha = mean |x| over the finite elements above delta in each group (TWN's least-squares optimum; exact
+when they are all equal, so re-quantizing is idempotent). Max = alpha (1 unscaled), zero is exact, no
+subnormals. NaN stays NaN; +-inf become +-alpha (+-1 unscaled); an all-zero tensor gives zeros. Works on
+tensors of any rank. Unscaled with a fixed delta >= 1 the map is a threshold, not a rounding: +-1 itself
+falls below delta, so it is not idempotent there.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ import torch
 
 from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_float, check_int
 from lowbit.formats._registry import register
-from lowbit.formats.binary import mean_abs
+from lowbit.formats.binary import masked_mean, mean_abs
 from lowbit.formats.blocking import apply_blockwise, block_shape
 
 # Threshold = factor * |statistic|, tried in this order (seed 002 / MASE 2023 priorities).
@@ -73,10 +83,12 @@ class Ternary(FormatSpec):
 
     def _ternarize(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         fixed = self.fixed_threshold
-        delta = TWN_FACTOR * mean_abs(blocked, dims) if fixed is None else torch.tensor(fixed, dtype=blocked.dtype)
+        if fixed is None:
+            delta = TWN_FACTOR * mean_abs(blocked, dims)
+        else:
+            delta = torch.tensor(fixed, dtype=blocked.dtype, device=blocked.device)
         signs = (blocked > delta).to(blocked.dtype) - (blocked < -delta).to(blocked.dtype)
         if self.scaling_factor:
             above = (signs != 0) & torch.isfinite(blocked)
-            total = torch.where(above, blocked.abs(), torch.zeros_like(blocked)).sum(dim=dims, keepdim=True)
-            signs = signs * (total / above.sum(dim=dims, keepdim=True).clamp(min=1))
+            signs = signs * masked_mean(blocked.abs(), above, dims)
         return torch.where(torch.isnan(blocked), blocked, signs)

@@ -1,0 +1,179 @@
+"""Block floating point (MSFP-like): sign-magnitude integer mantissas sharing one exponent per block.
+
+With ``width`` W there are M = W - 1 magnitude bits and one sign bit per element. A block whose shared
+exponent is e holds the values
+
+    m * 2^(e - M + 1)      for every integer m in [-(2^M - 1), 2^M - 1]
+
+so the block's largest magnitude is (2 - 2^(1 - M)) * 2^e: the shared exponent is the exponent of the
+leading bit of the block maximum, exactly as an IEEE exponent is, and an element in the top binade keeps
+M significant bits. Elements of a block form a uniform grid (no per-element exponent, no subnormals).
+
+The shared exponent of a block is the *smallest* e for which no element of the block rounds past the
+largest code: e = floor(log2(max|x|)), plus one when the block maximum would round up to 2^(e + 1) (for
+stochastic rounding, when it *could*: the test rounds away from zero, so no draw ever overflows). It is
+clamped to the E-bit range [-B, 2^E - 1 - B] (``exponent_width`` E, ``exponent_bias`` B), and also to the
+largest exponent whose top value the input dtype can hold (127 for float32 / bfloat16 inputs).
+
+Limits: largest value (2 - 2^(1 - M)) * 2^(2^E - 1 - B); smallest positive value 2^(-B - M + 1) (a block
+whose maximum is below 2^-B uses e = -B). Zero is m = 0 (its sign follows the input, so -0.0 stays -0.0).
+Out-of-range values saturate to +-(2^M - 1) * step of their block; +-inf do not take part in choosing the
+block exponent and saturate to their block's largest magnitude; NaN stays NaN and is ignored when choosing
+the exponent. A block with no finite non-zero element uses e = -B (zeros stay zero), or the largest
+exponent if it holds an inf, so that a lone inf saturates to the format's max as a scalar format's would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from lowbit.errors import FormatError
+from lowbit.formats._base import FormatSpec, check_axis, check_block_size, check_bool, check_int, check_optional
+from lowbit.formats._float_grid import floor_log2
+from lowbit.formats._registry import register
+from lowbit.formats.blocking import apply_blockwise, block_shape, finite_min_max, num_blocks
+from lowbit.formats.rounding import round_to_integer
+
+# Blocks are computed in float64. exponent_bias <= 1000 keeps the smallest shared exponent (-B) and its
+# step 2^(-B - M + 1) normal float64 numbers; the top is capped at the input dtype's largest exponent.
+_EXPONENT_LIMIT = 1000
+
+
+def dtype_max_exponent(dtype: torch.dtype) -> int:
+    """Largest e such that 2^e * (2 - tiny) is still finite in ``dtype`` (127 for float32)."""
+    _, exponent = torch.frexp(torch.tensor(torch.finfo(dtype).max, dtype=dtype))  # max = m * 2^exponent
+    return int(exponent) - 1
+
+
+def shared_exponent(
+    blocked: torch.Tensor,
+    dims: tuple[int, ...],
+    significand_bits: int,
+    rounding: str,
+    min_exponent: int,
+    max_exponent: int,
+) -> torch.Tensor:
+    """Per block, the smallest exponent e in [min_exponent, max_exponent] at which nothing overflows.
+
+    The block's top binade is [2^e, 2^(e+1)) on the grid k * 2^(e - significand_bits + 1) with
+    |k| <= 2^significand_bits - 1 (block_fp: significand_bits = M; a minifloat's top binade: M + 1).
+    NaN and +-inf do not count. A block with no finite non-zero element gets min_exponent, or
+    max_exponent when it holds an inf (so a lone inf saturates to the format's max, as a scalar would).
+    Returns an int64 tensor shaped [n0, 1, n1, 1, ...] (float64 ``blocked`` from apply_blockwise).
+    """
+    low, high = finite_min_max(blocked, dims)  # widened to include zero
+    magnitude = torch.maximum(high, -low)
+    exponent = floor_log2(magnitude).to(torch.int64)  # the block max lies in [2^e, 2^(e+1))
+    has_inf = torch.isinf(blocked).any(dim=dims, keepdim=True)
+    empty_exponent = torch.where(has_inf, max_exponent, min_exponent).to(torch.int64)
+    exponent = torch.where(magnitude > 0, exponent, empty_exponent).clamp(min_exponent, max_exponent)
+    # Stochastic rounding may round either way: test the worst case, so that no draw overflows.
+    check_mode = "away_from_zero" if rounding == "stochastic" else rounding
+    top_code = 2.0**significand_bits - 1
+    factor = torch.ldexp(torch.ones_like(high), significand_bits - 1 - exponent)
+    overflow = (round_to_integer(high * factor, check_mode) > top_code) | (
+        round_to_integer(low * factor, check_mode) < -top_code
+    )
+    return (exponent + overflow.to(torch.int64)).clamp(max=max_exponent)
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockFP(FormatSpec):
+    """Block floating point: W-bit sign-magnitude elements sharing an E-bit exponent per block.
+
+    Value set of a block with shared exponent e: m * 2^(e - W + 2) for integers |m| <= 2^(W-1) - 1.
+    e = floor(log2 max|x|) of the block's finite elements, plus one if the maximum would round up to
+    2^(e+1); clamped to [-exponent_bias, 2^exponent_width - 1 - exponent_bias]. Max value
+    (2 - 2^(2 - W)) * 2^(2^E - 1 - B); smallest positive 2^(-B - W + 2); no subnormals (the grid is
+    uniform within a block). NaN stays NaN; +-inf and out-of-range values saturate to the block's largest
+    magnitude; +-inf and NaN never set the shared exponent (a block of only zeros and infs uses the largest
+    exponent); zero is the mantissa 0; an all-zero block stays zero. ``block_size`` / ``axis`` /
+    ``skip_first_dim`` follow lowbit.formats.blocking (default: runs of 16 along the last dimension).
+    """
+
+    format_name = "block_fp"
+
+    width: int = 12
+    exponent_width: int = 8
+    exponent_bias: int | None = None
+    block_size: tuple[int, ...] | None = (16,)
+    skip_first_dim: bool = False
+    axis: int | None = None
+
+    def validate(self) -> None:
+        check_int(self, "width", 2, 32)
+        check_int(self, "exponent_width", 1, 10)
+        if check_optional(self, "exponent_bias") is None:
+            object.__setattr__(self, "exponent_bias", 2 ** (self.exponent_width - 1) - 1)
+        # Lower bound: the smallest exponent -B must stay <= 127 so float32 data can reach it.
+        check_int(self, "exponent_bias", -127, _EXPONENT_LIMIT)
+        check_block_size(self)
+        check_bool(self, "skip_first_dim")
+        if check_axis(self) is not None and self.block_size is not None and len(self.block_size) > 1:
+            raise FormatError(
+                f"{self.format_name}: axis={self.axis!r} needs a one-entry block_size (blocks along that axis), "
+                f"got block_size={self.block_size!r}; give an ND block_size without axis instead"
+            )
+
+    # ---- description --------------------------------------------------------------------------------
+    @property
+    def mantissa_bits(self) -> int:
+        """Magnitude bits per element (the sign bit is the remaining one)."""
+        return self.width - 1
+
+    @property
+    def min_exponent(self) -> int:
+        return -self.exponent_bias
+
+    @property
+    def max_exponent(self) -> int:
+        return 2**self.exponent_width - 1 - self.exponent_bias
+
+    @property
+    def max_value(self) -> float:
+        return (2.0 - 2.0 ** (1 - self.mantissa_bits)) * 2.0**self.max_exponent
+
+    @property
+    def bits(self) -> int:
+        return self.width
+
+    def bits_per_element(self, shape: tuple[int, ...] | None = None) -> float:
+        """W bits per element plus E shared-exponent bits per block."""
+        if shape is None or math.prod(shape) == 0:
+            return float(self.width)
+        block = block_shape(shape, self.block_size, self.axis, self.skip_first_dim)
+        return self.width + self.exponent_width * num_blocks(shape, block) / math.prod(shape)
+
+    def block_values(self, exponent: int) -> torch.Tensor:
+        """Every value of a block whose shared exponent is ``exponent``, sorted ascending (float64)."""
+        if not self.min_exponent <= exponent <= self.max_exponent:
+            raise FormatError(
+                f"{self.format_name}: exponent={exponent} is outside [{self.min_exponent}, {self.max_exponent}]"
+            )
+        if self.mantissa_bits > 20:
+            raise FormatError(f"{self.format_name}: block_values enumerates at most 21-bit elements")
+        top = 2**self.mantissa_bits - 1
+        return torch.arange(-top, top + 1, dtype=torch.float64) * 2.0 ** (exponent - self.mantissa_bits + 1)
+
+    # ---- quantization -------------------------------------------------------------------------------
+    def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        block = block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim)
+        max_exponent = min(self.max_exponent, dtype_max_exponent(x.dtype))
+
+        def quantize_blocks(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+            return self._quantize_blocks(blocked, dims, max_exponent, generator)
+
+        # float64 holds every float32 value, step and scale factor exactly (see _EXPONENT_LIMIT).
+        return apply_blockwise(x.double(), block, quantize_blocks).to(x.dtype)
+
+    def _quantize_blocks(self, blocked, dims, max_exponent: int, generator) -> torch.Tensor:
+        mantissa_bits = self.mantissa_bits
+        exponent = shared_exponent(blocked, dims, mantissa_bits, self.rounding, self.min_exponent, max_exponent)
+        step = torch.ldexp(torch.ones_like(exponent, dtype=blocked.dtype), exponent - mantissa_bits + 1)
+        top_code = 2.0**mantissa_bits - 1
+        codes = round_to_integer(blocked / step, self.rounding, generator).clamp(-top_code, top_code)
+        return codes * step

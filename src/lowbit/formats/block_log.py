@@ -1,0 +1,105 @@
+"""Block logarithmic format: power-of-two elements sharing one exponent bias per block.
+
+Each element has ``width`` W bits (1 sign bit, Eb = W - 1 exponent-code bits, code 0 = zero, as in ``log``);
+each block stores one bias beta in ``exponent_bias_width`` Bw bits. In a block with bias beta the values
+are 0 and +-2^e for e in [1 - beta, 2^Eb - 1 - beta].
+
+The bias puts the block's largest finite magnitude m at the top of the element range:
+beta = 2^Eb - 1 - ceil(log2 m), so the top power 2^ceil(log2 m) is >= m and the block maximum never
+saturates, in any rounding mode. beta is clamped to [0, 2^Bw - 1] (MASE's range): a block whose m exceeds
+2^(2^Eb - 1) gets beta = 0 and saturates at +-2^(2^Eb - 1); a block whose m is below 2^(2^Eb - 2^Bw) gets
+beta = 2^Bw - 1, so its maximum sits below the top of the range and values under 2^(1 - (2^Bw - 1)) go to
+zero by the rounding rule. An all-zero block (m = 0, the limit m -> 0) gets beta = 2^Bw - 1 and stays zero.
+NaN stays NaN and +-inf saturate to +-2^(2^Eb - 1 - beta); neither sets a block's bias.
+
+Blocks follow the shared geometry (``block_size`` right-aligned to the trailing dimensions, -1 or an
+oversize entry = the whole dimension, zero padding that changes nothing, ``skip_first_dim``, ``axis``);
+``block_size=None`` ("NA") means one block per tensor, or per index of ``axis``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from lowbit.formats._base import FormatSpec, check_axis, check_block_size, check_bool, check_int
+from lowbit.formats._registry import register
+from lowbit.formats.blocking import apply_blockwise, block_shape, finite_abs_max, num_blocks
+from lowbit.formats.log import MAX_WIDTH, round_to_power_of_two
+
+MAX_BIAS_WIDTH = 10  # beta <= 1023 keeps the smallest element power 2^(1 - beta) inside float64
+
+
+def ceil_log2(magnitude: torch.Tensor) -> torch.Tensor:
+    """ceil(log2 m) as int32 for m > 0, exact (frexp); m = 0 gives a very negative number."""
+    mantissa, exponent = torch.frexp(magnitude)  # m = mantissa * 2^exponent, mantissa in [0.5, 1)
+    exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)  # an exact power of two
+    return torch.where(magnitude > 0, exponent, torch.full_like(exponent, -(2**20)))
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockLog(FormatSpec):
+    """Power-of-two elements with a shared per-block exponent bias (see the module docstring).
+
+    ``width`` W in [2, 11], ``exponent_bias_width`` Bw in [0, 10]; bias per block
+    beta = clamp(2^(W-1) - 1 - ceil(log2 max|block|), 0, 2^Bw - 1). Element values in a block: 0 and
+    +-2^e for e in [1 - beta, 2^(W-1) - 1 - beta]. ``log_domain`` as in ``log``.
+    """
+
+    format_name = "block_log"
+
+    width: int = 8
+    exponent_bias_width: int = 8
+    block_size: tuple[int, ...] | None = (16,)
+    skip_first_dim: bool = False
+    axis: int | None = None
+    log_domain: bool = False
+
+    def validate(self) -> None:
+        check_int(self, "width", 2, MAX_WIDTH)
+        check_int(self, "exponent_bias_width", 0, MAX_BIAS_WIDTH)
+        check_block_size(self)  # None: one block per tensor (per channel with axis)
+        check_bool(self, "skip_first_dim")
+        check_axis(self)
+        check_bool(self, "log_domain")
+
+    @property
+    def exponent_width(self) -> int:
+        return self.width - 1
+
+    @property
+    def max_bias(self) -> int:
+        return 2**self.exponent_bias_width - 1
+
+    @property
+    def bits(self) -> int:
+        return self.width
+
+    def bits_per_element(self, shape: tuple[int, ...] | None = None) -> float:
+        """Element bits plus the Bw bias bits of each block, spread over the tensor's elements."""
+        if shape is None:  # the nominal block, when it does not depend on the shape
+            fixed = self.block_size is not None and self.axis is None and min(self.block_size) > 0
+            return self.width + (self.exponent_bias_width / math.prod(self.block_size) if fixed else 0.0)
+        numel = math.prod(shape)
+        if numel == 0:
+            return float(self.width)
+        block = block_shape(shape, self.block_size, self.axis, self.skip_first_dim)
+        return self.width + self.exponent_bias_width * num_blocks(shape, block) / numel
+
+    def block_bias(self, block_max: torch.Tensor) -> torch.Tensor:
+        """beta per block from its finite max |x| (int32): the max sits at the top power, clamped."""
+        top_code = 2**self.exponent_width - 1
+        return torch.clamp(top_code - ceil_log2(block_max), 0, self.max_bias)
+
+    def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        block = block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim)
+        return apply_blockwise(x, block, lambda blocked, dims: self._quantize_block(blocked, dims, generator))
+
+    def _quantize_block(self, blocked: torch.Tensor, dims: tuple[int, ...], generator) -> torch.Tensor:
+        bias = self.block_bias(finite_abs_max(blocked, dims))  # [n0, 1, n1, 1, ...]
+        min_exponent = 1 - bias
+        max_exponent = 2**self.exponent_width - 1 - bias
+        return round_to_power_of_two(blocked, min_exponent, max_exponent, self.rounding, generator, self.log_domain)

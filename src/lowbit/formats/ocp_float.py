@@ -1,0 +1,262 @@
+"""OCP / Burn float element formats: ``e5m2``, ``e4m3`` (FP8), ``e3m2``, ``e2m3`` (FP6) and ``e2m1`` (FP4).
+
+Unscaled (no ``axis``, no ``block_size``), a format is a plain cast: the nearest value by ``rounding``
+(default round-half-to-even), bit for bit what ``x.to(torch.float8_e5m2)`` / ``x.to(torch.float8_e4m3fn)``
+and ml_dtypes' ``float6_e3m2fn`` / ``float6_e2m3fn`` / ``float4_e2m1fn`` give for in-range inputs.
+
+Overflow (values beyond max, and +-Inf). ``saturate=True`` (default): +-max for every format. ``saturate=False``
+follows the type's own rule: e5m2 overflows to +-Inf and keeps +-Inf; e4m3 (E4M3FN: no Inf) overflows to NaN
+and turns +-Inf into NaN, as ml_dtypes does; the FP6 / FP4 types have no Inf or NaN codes and ml_dtypes
+saturates them, so for them ``saturate=False`` is the same as True. Under directed rounding an overflow stops
+at +-max where the mode rounds toward zero (IEEE 754: ``toward_zero`` always, ``down`` for positive values,
+``up`` for negative ones). NaN stays NaN in every case (ml_dtypes turns NaN into -0 for FP6 / FP4; a
+fake-quantizer keeps it visible).
+
+Scaled (Burn's per-block FP8 / FP4): with ``axis`` (per channel) or ``block_size`` (ND blocks; see
+``blocking``), each block gets one scale s and its elements become s * element(x / s). s is the smallest
+value of ``scale_dtype`` with max_element * s >= max |x| over the block's finite elements (the float of
+amax / max_element rounded up, adjusted by at most one step): the block maximum never overflows, and
+quantizing a quantized block gives the same scale back, so scaled formats are idempotent too. An all-zero
+block gets the smallest normal scale and stays zero. NaN elements do not set the scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar, NamedTuple
+
+import torch
+
+from lowbit.errors import FormatError
+from lowbit.formats._base import (
+    SCALE_DTYPES,
+    FormatSpec,
+    check_axis,
+    check_block_size,
+    check_bool,
+    check_choice,
+)
+from lowbit.formats._registry import register
+from lowbit.formats.blocking import apply_blockwise, block_shape, finite_abs_max, num_blocks
+from lowbit.formats.minifloat import FloatGrid
+from lowbit.formats.scaling import SCALE_DTYPE_BITS, round_scale, safe_scale
+
+_TORCH_SCALE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+# Where an overflow may go past max (to Inf, or NaN for e4m3) for (positive, negative) values; every mode
+# not listed (the nearest modes, away_from_zero, stochastic) rounds past max on both sides.
+_OVERFLOW_PAST_MAX: dict[str, tuple[bool, bool]] = {
+    "toward_zero": (False, False),
+    "up": (True, False),
+    "down": (False, True),
+}
+
+
+class ElementFormat(NamedTuple):
+    """One OCP element type: its float grid and what an overflow becomes without saturation."""
+
+    exponent_width: int
+    mantissa_bits: int
+    exponent_bias: int
+    max_value: float
+    overflow: str  # "inf", "nan" or "saturate" (the type has no Inf / NaN codes)
+
+    @property
+    def bits(self) -> int:
+        return 1 + self.exponent_width + self.mantissa_bits
+
+    @property
+    def grid(self) -> FloatGrid:
+        return FloatGrid(self.mantissa_bits, 1 - self.exponent_bias, self.max_value)
+
+
+ELEMENT_FORMATS: dict[str, ElementFormat] = {
+    "e5m2": ElementFormat(5, 2, 15, 57344.0, "inf"),  # IEEE-like: top exponent code holds Inf / NaN
+    "e4m3": ElementFormat(4, 3, 7, 448.0, "nan"),  # E4M3FN: only S.1111.111 is NaN, so 480 is lost
+    "e3m2": ElementFormat(3, 2, 3, 28.0, "saturate"),
+    "e2m3": ElementFormat(2, 3, 1, 7.5, "saturate"),
+    "e2m1": ElementFormat(2, 1, 1, 6.0, "saturate"),
+}
+
+
+def round_element(
+    x: torch.Tensor, element: ElementFormat, rounding: str, saturate: bool, generator: torch.Generator | None
+) -> torch.Tensor:
+    """The element value of each x by ``rounding``; overflow by ``saturate`` and the type's own rule."""
+    grid = element.grid
+    if saturate or element.overflow == "saturate":
+        return grid.round(x, rounding, generator)
+    unbounded = grid.round(x, rounding, generator, max_value=math.inf)
+    past_positive, past_negative = _OVERFLOW_PAST_MAX.get(rounding, (True, True))
+    goes_past = torch.where(x > 0, past_positive, past_negative)
+    special = torch.full_like(x, math.inf).copysign(x) if element.overflow == "inf" else torch.full_like(x, math.nan)
+    overflow = unbounded.abs() > element.max_value
+    result = torch.where(overflow, torch.where(goes_past, special, element.max_value * x.sign()), unbounded)
+    # An infinite input is not a large finite number: it is Inf (e5m2) or NaN (e4m3) in every mode.
+    return torch.where(torch.isinf(x), special, result)
+
+
+def covering_scale(amax: torch.Tensor, element_max: float, scale_dtype: str) -> torch.Tensor:
+    """Per block: the smallest ``scale_dtype`` value s with element_max * s >= amax (in amax's precision).
+
+    Clamped to [smallest normal, largest finite] of scale_dtype (then it may not cover a huge amax).
+    """
+    target = _TORCH_SCALE_DTYPES[scale_dtype]
+    scale = safe_scale(round_scale(amax / element_max, scale_dtype))  # within one step of the answer
+    larger = _next_scale(scale, target, math.inf)
+    scale = torch.where((scale * element_max < amax) & torch.isfinite(larger), larger, scale)
+    smaller = _next_scale(scale, target, 0.0)
+    usable = smaller >= max(torch.finfo(target).tiny, torch.finfo(scale.dtype).tiny)
+    return torch.where((smaller * element_max >= amax) & usable, smaller, scale)
+
+
+def _next_scale(scale: torch.Tensor, target: torch.dtype, toward: float) -> torch.Tensor:
+    """The neighbouring value of ``target`` precision next to ``scale`` in the direction of ``toward``."""
+    stored = scale.to(target)
+    return torch.nextafter(stored, torch.full_like(stored, toward)).to(scale.dtype)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _OcpFloat(FormatSpec):
+    """An OCP element type as a format: a plain cast, or per-channel / per-block scaled."""
+
+    element: ClassVar[ElementFormat]
+
+    saturate: bool = True
+    axis: int | None = None
+    block_size: tuple[int, ...] | None = None
+    skip_first_dim: bool = False
+    scale_dtype: str = "f32"
+
+    def validate(self) -> None:
+        check_bool(self, "saturate")
+        check_bool(self, "skip_first_dim")
+        check_axis(self)
+        check_block_size(self)
+        check_choice(self, "scale_dtype", SCALE_DTYPES)
+        if self.axis is not None and self.block_size is not None and len(self.block_size) > 1:
+            raise FormatError(
+                f"{self.format_name}: axis={self.axis!r} with block_size={list(self.block_size)} is ambiguous; "
+                "give axis with a one-entry block_size (blocks along axis), or an ND block_size alone"
+            )
+
+    # ---- description --------------------------------------------------------------------------------
+    @property
+    def is_scaled(self) -> bool:
+        return self.axis is not None or self.block_size is not None
+
+    @property
+    def bits(self) -> int:
+        return self.element.bits
+
+    @property
+    def max_value(self) -> float:
+        """Largest element magnitude (before any scale)."""
+        return self.element.max_value
+
+    @property
+    def min_normal(self) -> float:
+        return self.element.grid.min_normal
+
+    @property
+    def min_subnormal(self) -> float:
+        return self.element.grid.min_subnormal
+
+    def bits_per_element(self, shape: tuple[int, ...] | None = None) -> float:
+        """Element bits plus each block's scale bits spread over the block's elements."""
+        if not self.is_scaled or shape is None or math.prod(shape) == 0:
+            return float(self.bits)
+        block = block_shape(shape, self.block_size, self.axis, self.skip_first_dim)
+        return self.bits + SCALE_DTYPE_BITS[self.scale_dtype] * num_blocks(shape, block) / math.prod(shape)
+
+    def value_set(self) -> torch.Tensor | None:
+        """Every finite element value (float64, sorted, one zero); None when scaled (depends on the data)."""
+        return None if self.is_scaled else self.element.grid.values()
+
+    # ---- quantization -------------------------------------------------------------------------------
+    def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        if not self.is_scaled:
+            return round_element(x, self.element, self.rounding, self.saturate, generator)
+        block = block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim)
+        return apply_blockwise(x, block, lambda blocked, dims: self._quantize_block(blocked, dims, generator))
+
+    def _quantize_block(self, blocked: torch.Tensor, dims: tuple[int, ...], generator) -> torch.Tensor:
+        scale = covering_scale(finite_abs_max(blocked, dims), self.element.max_value, self.scale_dtype)
+        return round_element(blocked / scale, self.element, self.rounding, self.saturate, generator) * scale
+
+    def scales(self, x: torch.Tensor) -> torch.Tensor:
+        """The scale of every block of ``x`` (one entry per block, float32 / float64); ones when unscaled."""
+        work = x.detach() if x.dtype in (torch.float32, torch.float64) else x.detach().float()
+        if not self.is_scaled or work.numel() == 0:
+            return torch.ones((1,) * work.dim(), dtype=work.dtype)
+        block = block_shape(work.shape, self.block_size, self.axis, self.skip_first_dim)
+        found: list[torch.Tensor] = []
+
+        def record(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+            found.append(covering_scale(finite_abs_max(blocked, dims), self.element.max_value, self.scale_dtype))
+            return blocked
+
+        apply_blockwise(work, block, record)
+        return found[0].reshape(found[0].shape[0::2])  # [n0, 1, n1, 1, ...] -> [n0, n1, ...]
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class E5M2(_OcpFloat):
+    """OCP FP8 E5M2 (IEEE-like, bias 15): +-0, subnormals k * 2^-16 (k = 1..3), normals 2^e * (1 + f/4)
+    for e in [-14, 15]; 247 finite values. max 57344, min normal 2^-14, min subnormal 2^-16. Codes
+    S.11111.00 are +-Inf and S.11111.xx (xx != 0) NaN. Saturates by default; ``saturate=False``: overflow
+    -> +-Inf and +-Inf stays. Zero: S.00000.00 (sign kept)."""
+
+    format_name = "e5m2"
+    aliases = ("float8_e5m2",)
+    element = ELEMENT_FORMATS["e5m2"]
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class E4M3(_OcpFloat):
+    """OCP FP8 E4M3 (torch float8_e4m3fn, bias 7): +-0, subnormals k * 2^-9 (k = 1..7), normals
+    2^e * (1 + f/8) for e in [-6, 8] except 480 (S.1111.111 is NaN); 253 finite values. max 448, min normal
+    2^-6, min subnormal 2^-9. No Inf. Saturates by default; ``saturate=False``: overflow and +-Inf -> NaN.
+    Zero: S.0000.000 (sign kept)."""
+
+    format_name = "e4m3"
+    aliases = ("float8_e4m3fn",)
+    element = ELEMENT_FORMATS["e4m3"]
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class E3M2(_OcpFloat):
+    """OCP FP6 E3M2 (bias 3, no Inf / NaN codes): +-0, subnormals k * 2^-4 (k = 1..3), normals
+    2^e * (1 + f/4) for e in [-2, 4]; 63 values. max 28, min normal 0.25, min subnormal 0.0625. Always
+    saturates (the type has no Inf). Zero: S.000.00."""
+
+    format_name = "e3m2"
+    aliases = ("float6_e3m2fn",)
+    element = ELEMENT_FORMATS["e3m2"]
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class E2M3(_OcpFloat):
+    """OCP FP6 E2M3 (bias 1, no Inf / NaN codes): +-0, subnormals k / 8 (k = 1..7), normals
+    2^e * (1 + f/8) for e in [0, 2]; 63 values. max 7.5, min normal 1, min subnormal 0.125. Always
+    saturates. Zero: S.00.000."""
+
+    format_name = "e2m3"
+    aliases = ("float6_e2m3fn",)
+    element = ELEMENT_FORMATS["e2m3"]
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class E2M1(_OcpFloat):
+    """OCP FP4 E2M1 (bias 1, no Inf / NaN codes): values +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}; 15 values. max 6,
+    min normal 1, min subnormal 0.5. Always saturates. Zero: S.00.0."""
+
+    format_name = "e2m1"
+    aliases = ("float4_e2m1fn",)
+    element = ELEMENT_FORMATS["e2m1"]

@@ -1,0 +1,256 @@
+"""Tests of Burn's integer presets q8s q4s q2s (symmetric, narrow) and q8f q4f q2f (full range)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import lowbit
+from lowbit import FormatError
+from lowbit.formats import Q2F, Q2S, Q4F, Q4S, Q8F, Q8S, Affine
+from lowbit.formats.rounding import ROUNDING_MODES
+
+DETERMINISTIC = [mode for mode in ROUNDING_MODES if mode != "stochastic"]
+# name -> (bits, code range, divisor of max|x| that gives the scale), as presets.py documents them
+PRESETS = {
+    "q8s": (8, (-127, 127), 127.0),
+    "q4s": (4, (-7, 7), 7.0),
+    "q2s": (2, (-1, 1), 1.0),
+    "q8f": (8, (-128, 127), 127.5),
+    "q4f": (4, (-8, 7), 7.5),
+    "q2f": (2, (-2, 1), 1.5),
+}
+CLASSES = {"q8s": Q8S, "q4s": Q4S, "q2s": Q2S, "q8f": Q8F, "q4f": Q4F, "q2f": Q2F}
+
+
+def reference_round(value: Fraction, mode: str) -> int:
+    """A slow, exact scalar model of every deterministic rounding mode."""
+    low = math.floor(value)
+    if value == low:
+        return low
+    high = low + 1
+    toward_zero, away = (low, high) if value > 0 else (high, low)
+    directed = {"toward_zero": toward_zero, "away_from_zero": away, "up": high, "down": low}
+    if mode in directed:
+        return directed[mode]
+    half = value - low - Fraction(1, 2)
+    if half != 0:
+        return low if half < 0 else high
+    even = low if low % 2 == 0 else high
+    ties = {"nearest_even": even, "nearest_away": away, "nearest_toward_zero": toward_zero,
+            "nearest_up": high, "nearest_down": low}  # fmt: skip
+    return ties[mode]
+
+
+def equal_with_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_parameters(name):
+    bits, codes, _ = PRESETS[name]
+    spec = lowbit.get_format(name)()
+    assert isinstance(spec, Affine) and type(spec) is CLASSES[name]
+    assert getattr(lowbit.formats, name.upper()) is CLASSES[name]
+    assert lowbit.get_format(name.upper()) is CLASSES[name]
+    assert spec.bits == bits and spec.signed and spec.symmetric
+    assert spec.code_range == codes == spec.clamp_range
+    assert spec.narrow_range == name.endswith("s")
+    assert spec.params()["bits"] == bits and lowbit.get_format(name).create(**spec.params()) == spec
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_scale_and_code_range_per_tensor(name):
+    bits, (q_min, q_max), divisor = PRESETS[name]
+    x = torch.randn(40, 30, generator=torch.Generator().manual_seed(bits)) * 3
+    x[3, 4] = -x.abs().max() * 1.5  # the largest magnitude is negative
+    amax = np.float32(x.abs().max().item())
+    scale = np.float32(amax / np.float32(divisor))
+    got_scale = lowbit.get_format(name)().scale_and_zero_point(x)
+    assert torch.all(got_scale.scale == torch.tensor(float(scale))) and torch.all(got_scale.zero_point == 0)
+    out = lowbit.quantize(x, name)
+    codes = out / torch.tensor(float(scale))
+    assert torch.allclose(codes, torch.round(codes), atol=1e-4)
+    codes = torch.round(codes)
+    assert codes.min() >= q_min and codes.max() <= q_max
+    expected_low = q_min if name.endswith("f") else -q_max  # -max|x| / scale = -divisor: -127 or -127.5 -> -128
+    assert codes[3, 4].item() == expected_low
+    y = lowbit.quantize(-x, name)  # now the largest magnitude is positive: +127.5 rounds to even 128, clamps
+    assert torch.round(y / torch.tensor(float(scale)))[3, 4].item() == q_max
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_exhaustive_every_mode(name):
+    """Data whose max|x| makes the scale a power of two: every code, midpoint and quarter point in range."""
+    _, (q_min, q_max), divisor = PRESETS[name]
+    step = 2.0**-3
+    quarters = [Fraction(m, 4) for m in range(int(-4 * divisor), int(4 * divisor) + 1)]  # |t| <= divisor
+    x = torch.tensor([float(t) * step for t in quarters])  # max|x| = divisor * step, so scale = step exactly
+    assert lowbit.get_format(name)().scale_and_zero_point(x).scale[0].item() == step
+    for mode in DETERMINISTIC:
+        expected = [min(max(reference_round(t, mode), q_min), q_max) * step for t in quarters]
+        assert lowbit.quantize(x, name, rounding=mode).tolist() == expected, mode
+    out = lowbit.quantize(x.repeat(5), name, rounding="stochastic", seed=3) / step
+    t = x.repeat(5) / step
+    assert torch.all((out == torch.floor(t).clamp(q_min, q_max)) | (out == torch.ceil(t).clamp(q_min, q_max)))
+
+
+def stored_scale(raw: np.float32, amax: np.float32, q_low: int, q_max: int, dtype) -> np.float32:
+    """The scale in a narrow dtype (via ml_dtypes, independent of lowbit): nearest, or the next one up where
+    nearest would put +-amax more than half a step past the codes [q_low, q_max]."""
+    info = ml_dtypes.finfo(dtype)
+    stored = np.clip(raw, float(info.tiny), float(info.max)).astype(dtype)
+    inverse = np.float32(1) / np.float32(stored)
+    if amax * inverse > q_max + 0.5 or -amax * inverse < q_low - 0.5:
+        stored = np.nextafter(stored, dtype(np.inf))
+    return np.float32(stored)
+
+
+def test_api_example_q4s_blocks_bf16():
+    x = torch.randn(3, 70, generator=torch.Generator().manual_seed(0)) * torch.logspace(-2, 2, 70)
+    out = lowbit.quantize(x, "q4s", block_size=[1, 32], scale_dtype="bf16")
+    expected = np.zeros((3, 70), dtype=np.float32)
+    for row, start in itertools.product(range(3), range(0, 70, 32)):
+        block = x[row, start : start + 32].numpy()
+        amax = np.abs(block).max()
+        scale = stored_scale(np.float32(amax / np.float32(7)), amax, -7, 7, ml_dtypes.bfloat16)
+        codes = np.clip(np.round(block * (np.float32(1) / scale)), -7, 7)
+        expected[row, start : start + 32] = codes * scale
+    assert np.array_equal(out.numpy(), expected)
+    assert Q4S(block_size=[1, 32], scale_dtype="bf16").bits_per_element((3, 64)) == 4 + 16 / 32
+
+
+GRANULARITIES = [({"axis": 0}, (1, 48)), ({"axis": -1}, (6, 1)), ({"block_size": [2, 16]}, (2, 16)),
+                 ({"block_size": [1, 32]}, (1, 32))]  # fmt: skip
+NARROW = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("granularity, extent", GRANULARITIES)
+@pytest.mark.parametrize("scale_dtype", ["f32", "f16", "bf16"])
+def test_granularity_and_scale_dtype(name, granularity, extent, scale_dtype):
+    _, (q_min, q_max), divisor = PRESETS[name]
+    x = torch.randn(6, 48, generator=torch.Generator().manual_seed(1)) * torch.logspace(-3, 3, 48)
+    spec = lowbit.get_format(name)(scale_dtype=scale_dtype, **granularity)
+    scale = spec.scale_and_zero_point(x).scale
+    for row, column in itertools.product(range(0, 6, extent[0]), range(0, 48, extent[1])):
+        where = (slice(row, row + extent[0]), slice(column, column + extent[1]))
+        amax = np.abs(x[where].numpy()).max()
+        raw = np.float32(amax / np.float32(divisor))
+        want = raw if scale_dtype == "f32" else stored_scale(raw, amax, q_min, q_max, NARROW[scale_dtype])
+        assert torch.all(scale[where] == float(want)), (where, scale[where], want)
+    codes = spec(x) / scale
+    assert torch.allclose(codes, torch.round(codes), atol=1e-4)
+    assert codes.min() >= q_min - 1e-4 and codes.max() <= q_max + 1e-4
+
+
+@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize(
+    "params",
+    [{"bits": 3}, {"bits": 16}, {"symmetric": False}, {"signed": False}, {"narrow_range": "yes"}, {"bits": "4"}],
+)
+def test_fixed_parameters_cannot_be_overridden(name, params):
+    with pytest.raises(FormatError, match=next(iter(params))):
+        lowbit.quantize(torch.ones(3), name, **params)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_affine_defaults_cannot_sneak_in(name):
+    """Even Affine's own defaults are refused where the preset fixes something else (q4s with bits=8)."""
+    bits, _, _ = PRESETS[name]
+    other_bits = 4 if bits == 8 else 8
+    with pytest.raises(FormatError, match="bits"):
+        lowbit.get_format(name)(bits=other_bits)
+    with pytest.raises(FormatError, match="narrow_range"):
+        lowbit.get_format(name)(narrow_range=not name.endswith("s"))
+    same = {"bits": bits, "signed": True, "symmetric": True, "narrow_range": name.endswith("s")}
+    assert lowbit.get_format(name)(**same) == lowbit.get_format(name)()  # the preset's own values are fine
+    assert lowbit.get_format(name)(bits=float(bits), signed=1).bits == bits
+
+
+def test_spec_replace_and_override():
+    spec = Q4S(axis=0)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(lowbit.quantize(x, spec, block_size=[1, 4]), Q4S(block_size=[1, 4])(x))
+    with pytest.raises(FormatError, match="bits"):
+        lowbit.quantize(x, spec, bits=8)
+
+
+def test_given_scale_uses_the_preset_codes():
+    x = torch.tensor([100.0, -100.0, 0.26, -0.26])
+    assert torch.equal(lowbit.quantize(x, "q8s", scale=0.5), torch.tensor([63.5, -63.5, 0.5, -0.5]))
+    assert torch.equal(lowbit.quantize(x, "q8f", scale=0.5), torch.tensor([63.5, -64.0, 0.5, -0.5]))
+
+
+# ---- properties -----------------------------------------------------------------------------------------------
+FLOATS32 = st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True)
+SPECIAL = [0.0, -0.0, 1e-45, -1e-45, 3.0e38, -3.0e38, math.inf, -math.inf, math.nan]
+
+
+@pytest.mark.parametrize("name", ["q8s", "q4s", "q2s"])
+@given(values=st.lists(FLOATS32, max_size=30), special=st.lists(st.sampled_from(SPECIAL), max_size=4))
+def test_symmetric_presets_properties(name, values, special):
+    x = torch.tensor(values + special, dtype=torch.float32)
+    spec = lowbit.get_format(name)()
+    out = spec(x)
+    assert out.shape == x.shape and torch.equal(out.isnan(), x.isnan())
+    assert equal_with_nan(spec(out), out)  # idempotent
+    assert equal_with_nan(spec(-x), -out)  # sign symmetric, inf included
+    ordered = torch.sort(x[~x.isnan()]).values
+    assert torch.all(torch.diff(spec(ordered)) >= 0)
+    if x.numel():  # within the data's own range, up to float rounding of scale * q_max (inf saturates there)
+        top = spec.scale_and_zero_point(x).scale.max() * spec.code_range[1]
+        finite = x[torch.isfinite(x)]
+        assert torch.all(out[~out.isnan()].abs() <= top)
+        assert top <= max(finite.abs().max().item() * (1 + 2**-21) if finite.numel() else 0.0, 1e-35)
+
+
+@pytest.mark.parametrize("name", ["q8f", "q4f", "q2f"])
+@given(values=st.lists(st.floats(-(2.0**100), 2.0**100, width=32), min_size=1, max_size=30))
+def test_full_range_presets_properties(name, values):
+    """qNf maps +-max|x| onto half codes (+-(2^N - 1) / 2); re-quantizing its output re-derives a different
+    scale, so it is not idempotent: a second pass moves values by at most one step (see docs)."""
+    x = torch.tensor(values, dtype=torch.float32)
+    spec = lowbit.get_format(name)()
+    out = spec(x)
+    scale = spec.scale_and_zero_point(x).scale
+    assert torch.all((out - x).abs() <= scale * 0.5001)  # nearest, within half a step everywhere
+    assert torch.all((spec(out) - out).abs() <= scale * 1.0001)
+    ordered = torch.sort(x).values
+    assert torch.all(torch.diff(spec(ordered)) >= 0)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_other_dtypes_and_shapes(name, dtype):
+    spec = lowbit.get_format(name)()
+    x = (torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(2)) * 4).to(dtype)
+    out = spec(x)
+    assert out.dtype == dtype and out.shape == x.shape
+    if dtype != torch.float64:
+        assert torch.equal(out, spec(x.float()).to(dtype))
+    assert spec(torch.empty(0, dtype=dtype)).shape == (0,) and spec(torch.tensor(0.5, dtype=dtype)).shape == ()
+    lone = spec(torch.tensor(0.5, dtype=dtype)).item()  # a lone value is its own max: kept by qNs
+    expected = 0.5 if name.endswith("s") else 0.5 * PRESETS[name][1][1] / PRESETS[name][2]  # qNf: q_max / divisor
+    assert lone == pytest.approx(expected, rel=2**-8)  # up to the (f32 scale, then dtype) rounding
+    assert torch.equal(spec(torch.zeros(5, dtype=dtype)), torch.zeros(5, dtype=dtype))
+
+
+def test_stochastic_presets_are_reproducible_and_unbiased():
+    draws = 20000
+    x = torch.cat([torch.tensor([1.0]), torch.linspace(-0.95, 0.95, 21)])  # max|x| = 1 anchors the scale
+    data = x.expand(draws, -1).contiguous()
+    out = lowbit.quantize(data, "q4s", rounding="stochastic", seed=4)
+    assert torch.equal(out, lowbit.quantize(data, "q4s", rounding="stochastic", seed=4))
+    scale = 1.0 / 7
+    frac = x / scale - torch.floor(x / scale)
+    sigma = scale * torch.sqrt(frac * (1 - frac) / draws)
+    assert torch.all((out.mean(0) - x).abs() <= 5 * sigma + 1e-6)
