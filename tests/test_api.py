@@ -6,6 +6,8 @@ import doctest
 
 import numpy as np
 import pytest
+import math
+
 import torch
 
 import lowbit
@@ -33,7 +35,8 @@ def test_affine_examples():
     assert torch.equal(lowbit.quantize(x, "affine", bits=8, signed=False, scale=0.1, zero_point=3),
                        torch.tensor([3.0, -3.0, 252.0]) * torch.tensor(0.1))  # codes [0, 255] # fmt: skip
     w = torch.tensor([[0.5, -1.0, 0.2], [7.0, 3.0, -0.4]])
-    scales = torch.tensor([1.0, 7.0]) / 7  # max |row| / 7 for 4-bit symmetric codes
+    # max |row| / 7 for 4-bit symmetric codes; 1/7 kept to 20 significant bits (so 7 * scale is exact)
+    scales = torch.tensor([math.floor(2.0**22 / 7) * 2.0**-22, 1.0])
     expected = torch.round(w * (1 / scales[:, None])) * scales[:, None]
     assert torch.equal(lowbit.quantize(w, "affine", bits=4, symmetric=True, axis=0), expected)
     v = torch.cat([torch.full((1, 32), 0.25), torch.full((1, 32), -3.0)], dim=1)

@@ -19,15 +19,37 @@ from lowbit.formats import Q2F, Q2S, Q4F, Q4S, Q8F, Q8S, Affine
 from lowbit.formats.rounding import ROUNDING_MODES
 
 DETERMINISTIC = [mode for mode in ROUNDING_MODES if mode != "stochastic"]
-# name -> (bits, code range, divisor of max|x| that gives the scale), as presets.py documents them
+# name -> (bits, code range, divisor of max|x| that gives the scale when the positive side is the larger)
 PRESETS = {
     "q8s": (8, (-127, 127), 127.0),
     "q4s": (4, (-7, 7), 7.0),
     "q2s": (2, (-1, 1), 1.0),
-    "q8f": (8, (-128, 127), 127.5),
-    "q4f": (4, (-8, 7), 7.5),
-    "q2f": (2, (-2, 1), 1.5),
+    "q8f": (8, (-128, 127), 127.0),
+    "q4f": (4, (-8, 7), 7.0),
+    "q2f": (2, (-2, 1), 1.0),
 }
+
+
+def raw_scale(x: np.ndarray, name: str) -> tuple[np.float32, np.float32, np.float32]:
+    """presets.py's rule, computed independently: (scale before storage rounding, low, high). qNs:
+    max|x| / q_max; qNf: max(-min / -q_min, max / q_max) over the range widened to include zero."""
+    _, (q_min, q_max), _ = PRESETS[name]
+    low, high = np.float32(min(x.min(), 0.0)), np.float32(max(x.max(), 0.0))
+    if name.endswith("s"):
+        amax = max(-low, high)
+        return np.float32(amax / np.float32(q_max)), -amax, amax
+    return max(np.float32(low / np.float32(q_min)), np.float32(high / np.float32(q_max))), low, high
+
+
+def shortened(scale: float, bits: int) -> float:
+    """Rounded down to 24 - bits significant bits (exact code * scale products)."""
+    keep = 24 - bits
+    mantissa, exponent = math.frexp(float(scale))
+    return math.ldexp(math.floor(Fraction(mantissa) * 2**keep), exponent - keep)
+
+
+def expected_scale(x: torch.Tensor, name: str) -> float:
+    return shortened(raw_scale(x.numpy(), name)[0], PRESETS[name][0])
 CLASSES = {"q8s": Q8S, "q4s": Q4S, "q2s": Q2S, "q8f": Q8F, "q4f": Q4F, "q2f": Q2F}
 
 
@@ -72,8 +94,7 @@ def test_scale_and_code_range_per_tensor(name):
     bits, (q_min, q_max), divisor = PRESETS[name]
     x = torch.randn(40, 30, generator=torch.Generator().manual_seed(bits)) * 3
     x[3, 4] = -x.abs().max() * 1.5  # the largest magnitude is negative
-    amax = np.float32(x.abs().max().item())
-    scale = np.float32(amax / np.float32(divisor))
+    scale = expected_scale(x, name)
     got_scale = lowbit.get_format(name)().scale_and_zero_point(x)
     assert torch.all(got_scale.scale == torch.tensor(float(scale))) and torch.all(got_scale.zero_point == 0)
     out = lowbit.quantize(x, name)
@@ -81,10 +102,11 @@ def test_scale_and_code_range_per_tensor(name):
     assert torch.allclose(codes, torch.round(codes), atol=1e-4)
     codes = torch.round(codes)
     assert codes.min() >= q_min and codes.max() <= q_max
-    expected_low = q_min if name.endswith("f") else -q_max  # -max|x| / scale = -divisor: -127 or -127.5 -> -128
+    expected_low = q_min if name.endswith("f") else -q_max  # the larger (negative) side takes the end code
     assert codes[3, 4].item() == expected_low
-    y = lowbit.quantize(-x, name)  # now the largest magnitude is positive: +127.5 rounds to even 128, clamps
-    assert torch.round(y / torch.tensor(float(scale)))[3, 4].item() == q_max
+    y = lowbit.quantize(-x, name)  # now the largest magnitude is positive: it lands on q_max
+    flipped_scale = expected_scale(-x, name)
+    assert torch.round(y / torch.tensor(flipped_scale))[3, 4].item() == q_max
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -103,13 +125,14 @@ def test_exhaustive_every_mode(name):
     assert torch.all((out == torch.floor(t).clamp(q_min, q_max)) | (out == torch.ceil(t).clamp(q_min, q_max)))
 
 
-def stored_scale(raw: np.float32, amax: np.float32, q_low: int, q_max: int, dtype) -> np.float32:
+def stored_scale(raw: np.float32, amax: np.float32, q_low: int, q_max: int, dtype, low=None) -> np.float32:
     """The scale in a narrow dtype (via ml_dtypes, independent of lowbit): nearest, or the next one up where
-    nearest would put +-amax more than half a step past the codes [q_low, q_max]."""
+    nearest would put the block's low (default -amax) or high (amax) more than half a step past the codes."""
     info = ml_dtypes.finfo(dtype)
     stored = np.clip(raw, float(info.tiny), float(info.max)).astype(dtype)
     inverse = np.float32(1) / np.float32(stored)
-    if amax * inverse > q_max + 0.5 or -amax * inverse < q_low - 0.5:
+    low = -amax if low is None else low
+    if amax * inverse > q_max + 0.5 or low * inverse < q_low - 0.5:
         stored = np.nextafter(stored, dtype(np.inf))
     return np.float32(stored)
 
@@ -143,9 +166,9 @@ def test_granularity_and_scale_dtype(name, granularity, extent, scale_dtype):
     scale = spec.scale_and_zero_point(x).scale
     for row, column in itertools.product(range(0, 6, extent[0]), range(0, 48, extent[1])):
         where = (slice(row, row + extent[0]), slice(column, column + extent[1]))
-        amax = np.abs(x[where].numpy()).max()
-        raw = np.float32(amax / np.float32(divisor))
-        want = raw if scale_dtype == "f32" else stored_scale(raw, amax, q_min, q_max, NARROW[scale_dtype])
+        raw, low, high = raw_scale(x[where].numpy(), name)
+        want = raw if scale_dtype == "f32" else stored_scale(raw, high, q_min, q_max, NARROW[scale_dtype], low)
+        want = shortened(want, PRESETS[name][0])
         assert torch.all(scale[where] == float(want)), (where, scale[where], want)
     codes = spec(x) / scale
     assert torch.allclose(codes, torch.round(codes), atol=1e-4)
@@ -216,14 +239,13 @@ def test_symmetric_presets_properties(name, values, special):
 @pytest.mark.parametrize("name", ["q8f", "q4f", "q2f"])
 @given(values=st.lists(st.floats(-(2.0**100), 2.0**100, width=32), min_size=1, max_size=30))
 def test_full_range_presets_properties(name, values):
-    """qNf maps +-max|x| onto half codes (+-(2^N - 1) / 2); re-quantizing its output re-derives a different
-    scale, so it is not idempotent: a second pass moves values by at most one step (see docs)."""
+    """qNf puts the larger side of the range on its end code, so re-quantizing gives the output back."""
     x = torch.tensor(values, dtype=torch.float32)
     spec = lowbit.get_format(name)()
     out = spec(x)
     scale = spec.scale_and_zero_point(x).scale
     assert torch.all((out - x).abs() <= scale * 0.5001)  # nearest, within half a step everywhere
-    assert torch.all((spec(out) - out).abs() <= scale * 1.0001)
+    assert torch.equal(spec(out), out)  # idempotent
     ordered = torch.sort(x).values
     assert torch.all(torch.diff(spec(ordered)) >= 0)
 
@@ -250,7 +272,8 @@ def test_stochastic_presets_are_reproducible_and_unbiased():
     data = x.expand(draws, -1).contiguous()
     out = lowbit.quantize(data, "q4s", rounding="stochastic", seed=4)
     assert torch.equal(out, lowbit.quantize(data, "q4s", rounding="stochastic", seed=4))
-    scale = 1.0 / 7
+    scale = lowbit.get_format("q4s")().scale_and_zero_point(x).scale[0].item()  # 1/7 to 20 significant bits
+    assert scale == pytest.approx(1.0 / 7, rel=2**-20)
     frac = x / scale - torch.floor(x / scale)
     sigma = scale * torch.sqrt(frac * (1 - frac) / draws)
     assert torch.all((out.mean(0) - x).abs() <= 5 * sigma + 1e-6)

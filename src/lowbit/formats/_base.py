@@ -87,7 +87,9 @@ class FormatSpec:
         work = x if x.dtype in (torch.float32, torch.float64) else x.float()
         with torch.no_grad():
             out = self._quantize(work.detach(), generator)
-        return out.to(x.dtype)
+            if out.dtype != x.dtype:
+                out = saturating_cast(out, x.dtype)
+        return out
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         raise NotImplementedError
@@ -130,6 +132,12 @@ class FormatSpec:
         except LowbitError:
             return False
         return True
+
+
+def saturating_cast(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast to a narrower float dtype; finite values beyond its range saturate instead of becoming inf."""
+    limit = torch.finfo(dtype).max
+    return torch.where(torch.isfinite(values), values.clamp(-limit, limit), values).to(dtype)
 
 
 # ---- shared parameter checks ----------------------------------------------------------------------------

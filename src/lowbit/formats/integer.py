@@ -36,6 +36,7 @@ from lowbit.formats.blocking import apply_blockwise, block_shape, finite_abs_max
 from lowbit.formats.blocking import num_blocks
 from lowbit.formats.rounding import round_to_integer
 from lowbit.formats.scaling import SCALE_DTYPE_BITS, ceil_power_of_two, round_scale, round_scale_up, safe_scale
+from lowbit.formats.scaling import shorten_scale
 
 
 class AffineParameters(NamedTuple):
@@ -249,9 +250,13 @@ class Affine(FormatSpec):
     def parameters_from_block(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """(scale, zero_point) per block from min-max statistics (broadcastable over ``blocked``)."""
         q_min, q_max = self.code_range
+        if self.symmetric and self.full_range_scale:
+            # Every code in use: the negative side may reach q_min, the positive side q_max.
+            low, high = finite_min_max(blocked, dims)
+            return self._fit_scale(torch.maximum(low / q_min, high / q_max), low, high)
         if self.symmetric:
             amax = finite_abs_max(blocked, dims)
-            return self._fit_scale(amax / ((q_max - q_min) / 2 if self.full_range_scale else q_max), -amax, amax)
+            return self._fit_scale(amax / q_max, -amax, amax)
         low, high = finite_min_max(blocked, dims)
         levels = q_max - q_min
         span = high - low  # overflows to inf only for a range wider than the float range: split it then
@@ -274,15 +279,15 @@ class Affine(FormatSpec):
             inverse = 1.0 / scale
             past = (high * inverse + zero_point > q_max + 0.5) | (low * inverse + zero_point < q_min - 0.5)
             scale = torch.where(past, safe_scale(round_scale_up(raw, self.scale_dtype)), scale)
-            zero_point = self._derived_zero_point(low, scale)
-        return scale, zero_point
+        scale = shorten_scale(scale, self.bits)
+        return scale, self._derived_zero_point(low, scale)
 
     def _derived_zero_point(self, low: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """0 for a symmetric format; else the code of zero, so that ``low`` lands on the first code."""
         if self.symmetric:
             return torch.zeros_like(scale)
         q_min, q_max = self.code_range
-        return (q_min - torch.round(low / scale)).clamp(q_min, q_max)
+        return (q_min - torch.round(low * (1.0 / scale))).clamp(q_min, q_max)  # as the codes compute it
 
     def _given_parameters(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The given scale and zero point, shaped to broadcast over ``x`` (per channel along ``axis``)."""

@@ -5,7 +5,13 @@ All six are symmetric (zero point 0) with min-max scales at any granularity (per
 
 - ``qNs``: codes [-(2^(N-1) - 1), 2^(N-1) - 1] (the most negative code unused), scale = max|x| / q_max,
   so +-max|x| are represented exactly.
-- ``qNf``: codes [-2^(N-1), 2^(N-1) - 1], every code used, scale = 2 max|x| / (2^N - 1).
+- ``qNf``: codes [-2^(N-1), 2^(N-1) - 1], every code used: scale = max(-min / 2^(N-1), max / (2^(N-1) - 1))
+  over the range widened to include zero, so the side with the larger magnitude lands exactly on its end
+  code (the negative side may use the extra code). Burn's "full range" scale 2 max|x| / (2^N - 1) puts
+  +-max|x| on half codes and is not idempotent; this rule uses the same codes and is.
+
+Every derived scale is rounded down to 24 - N significant bits (see ``scaling.shorten_scale``), so the
+codes times the scale are exact and quantizing a quantized tensor gives it back unchanged.
 
 The floating-point presets (e5m2, e4m3, e2m1) live with the minifloats.
 """

@@ -49,3 +49,25 @@ def safe_scale(scale: torch.Tensor) -> torch.Tensor:
     """Replace zero, subnormal or non-finite scales (all-zero blocks) by the smallest normal float."""
     tiny = torch.finfo(scale.dtype).tiny
     return torch.where(torch.isfinite(scale) & (scale >= tiny), scale, torch.full_like(scale, tiny))
+
+
+SHORTEN_MAX_CODE_BITS = 11
+
+
+def shorten_scale(scale: torch.Tensor, code_bits: int) -> torch.Tensor:
+    """Round a positive scale down to ``24 - code_bits`` significant bits (at least 1).
+
+    Then code * scale is exact in float32 for every code of ``code_bits`` bits, so a quantized tensor's
+    extreme values are exact multiples of the scale and re-deriving the scale from them gives the same
+    scale back: min-max formats become idempotent. Rounding down keeps q_max * scale <= max|x| (outputs stay
+    inside the data's range); the scale shrinks by at most 2^-(24 - code_bits) relative (2^-16 for 8-bit
+    codes), which moves the block's extreme codes by 2^(2 code_bits - 25) steps at most. That is below a
+    tenth of a step only up to 11-bit codes; wider codes keep their scale unchanged (idempotent then only
+    up to the float rounding of the re-derived scale).
+    """
+    if code_bits > SHORTEN_MAX_CODE_BITS:
+        return scale
+    keep = 24 - code_bits
+    mantissa, exponent = torch.frexp(scale)  # scale = mantissa * 2^exponent, mantissa in [0.5, 1)
+    shortened = torch.ldexp(torch.floor(torch.ldexp(mantissa, torch.full_like(exponent, keep))), exponent - keep)
+    return torch.where(torch.isfinite(scale) & (scale > 0), shortened, scale)
