@@ -369,3 +369,11 @@ def test_residual_parameters():
 def test_residual_bad_parameters(params, name):
     with pytest.raises(FormatError, match=name):
         BinaryResidual(**params)
+
+
+def test_bits_per_element_counts_the_scales():
+    from lowbit.formats import Binary
+
+    assert Binary().bits_per_element((10, 8)) == 1.0
+    assert Binary(scaling_factor=True).bits_per_element((10, 8)) == 1 + 32 / 80
+    assert Binary(scaling_factor=True, axis=1).bits_per_element((10, 8)) == 1 + 32 * 8 / 80

@@ -235,3 +235,11 @@ def test_bad_parameters_name_the_parameter(params, name):
 def test_axis_out_of_range_is_a_format_error():
     with pytest.raises(FormatError, match="axis"):
         lowbit.quantize(torch.ones(2, 3), "ternary", axis=-3)
+
+
+def test_bits_per_element_counts_the_scales():
+    from lowbit.formats import Ternary
+
+    assert Ternary().bits_per_element((64, 32)) == 2.0
+    assert Ternary(scaling_factor=True).bits_per_element((64, 32)) == 2 + 32 / (64 * 32)
+    assert Ternary(scaling_factor=True, axis=0).bits_per_element((64, 32)) == 2 + 32 / 32

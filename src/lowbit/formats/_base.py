@@ -19,6 +19,8 @@ from lowbit.formats.rounding import ROUNDING_MODES, canonical_rounding, make_gen
 from lowbit.formats.ste import straight_through
 
 _NONE_STRINGS = {"na", "none", ""}
+# Parameters that define the value set: ``describe`` shows them even at their default.
+_ALWAYS_SHOWN = {"width", "frac_width", "bits", "exponent_width", "exponent_bias", "exponent_bias_width", "levels"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -118,12 +120,9 @@ class FormatSpec:
 
     def describe(self) -> str:
         """``name(param=value, ...)`` listing only the parameters that differ from their defaults."""
-        defaults = type(self)()._defaults() if self._constructible_by_default() else {}
-        inner = ", ".join(f"{k}={v!r}" for k, v in self.params().items() if defaults.get(k, object()) != v)
-        return f"{self.format_name}({inner})"
-
-    def _defaults(self) -> dict[str, Any]:
-        return self.params()
+        defaults = type(self)().params() if self._constructible_by_default() else {}
+        shown = {k: v for k, v in self.params().items() if k in _ALWAYS_SHOWN or defaults.get(k, object()) != v}
+        return f"{self.format_name}({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     @classmethod
     def _constructible_by_default(cls) -> bool:

@@ -32,7 +32,7 @@ import torch
 from lowbit.errors import FormatError
 from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_int, check_optional
 from lowbit.formats._registry import register
-from lowbit.formats.blocking import apply_blockwise, block_shape
+from lowbit.formats.blocking import apply_blockwise, block_shape, scaled_bits_per_element
 
 
 def masked_mean(magnitude: torch.Tensor, selected: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
@@ -84,6 +84,12 @@ class Binary(FormatSpec):
     @property
     def bits(self) -> int:
         return 1
+
+    def bits_per_element(self, shape: tuple[int, ...] | None = None) -> float:
+        """One bit, plus a float32 scale per tensor / channel when ``scaling_factor`` is set."""
+        if shape is None or not self.scaling_factor:
+            return 1.0
+        return scaled_bits_per_element(1, 32, shape, None, self.axis)
 
     def value_set(self) -> torch.Tensor | None:
         if self.scaling_factor:

@@ -105,3 +105,15 @@ def num_blocks(shape: Sequence[int], block: Sequence[int]) -> int:
     for dim, b in zip(shape, block):
         count *= -(-dim // b)
     return count
+
+
+def scaled_bits_per_element(element_bits: float, scale_bits: int, shape, block_size=None, axis=None,
+                            skip_first_dim: bool = False) -> float:
+    """Element bits plus ``scale_bits`` per block, spread over the tensor's elements."""
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    if numel == 0:
+        return float(element_bits)
+    block = block_shape(shape, block_size, axis, skip_first_dim)
+    return element_bits + scale_bits * num_blocks(shape, block) / numel

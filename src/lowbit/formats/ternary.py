@@ -26,7 +26,7 @@ import torch
 from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_float, check_int
 from lowbit.formats._registry import register
 from lowbit.formats.binary import masked_mean, mean_abs
-from lowbit.formats.blocking import apply_blockwise, block_shape
+from lowbit.formats.blocking import apply_blockwise, block_shape, scaled_bits_per_element
 
 # Threshold = factor * |statistic|, tried in this order (seed 002 / MASE 2023 priorities).
 STATISTIC_FACTORS: tuple[tuple[str, float], ...] = (("mean", 0.75), ("median", 0.75), ("max", 0.05))
@@ -62,6 +62,12 @@ class Ternary(FormatSpec):
     @property
     def bits(self) -> int:
         return 2
+
+    def bits_per_element(self, shape: tuple[int, ...] | None = None) -> float:
+        """Two bits, plus a float32 scale per tensor / channel when ``scaling_factor`` is set."""
+        if shape is None or not self.scaling_factor:
+            return 2.0
+        return scaled_bits_per_element(2, 32, shape, None, self.axis)
 
     @property
     def fixed_threshold(self) -> float | None:
