@@ -3,7 +3,11 @@ import sys
 
 from hypothesis import HealthCheck, settings
 
-# Make tests/format_cases.py importable as a plain module from any test directory.
+# Tests run the eager path unless they ask for a backend (tests/test_backend.py compiles every format once);
+# compiling each of the thousands of specs the suite builds would take far longer than the tests.
+os.environ.setdefault("LOWBIT_BACKEND", "eager")
+
+# Make tests/format_cases.py and tests/helpers.py importable as plain modules from any test directory.
 sys.path.insert(0, os.path.dirname(__file__))
 
 settings.register_profile(

@@ -13,24 +13,10 @@ import lowbit
 from lowbit import FormatError
 from lowbit.formats import Binary, BinaryResidual
 
+from helpers import assert_near, assert_same, t
+
 NAN, INF = math.nan, math.inf
 RANK_SHAPES = [(), (7,), (3, 5), (2, 3, 4), (2, 3, 2, 2)]
-
-
-def t(values, dtype=torch.float32):
-    return torch.tensor(values, dtype=dtype)
-
-
-def assert_same(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """Exact equality, NaN == NaN, dtype and shape included."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
-
-
-def assert_near(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """For results holding a computed mean: equal up to float32 rounding of that mean (NaN == NaN)."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    torch.testing.assert_close(actual, expected, rtol=1e-6, atol=0, equal_nan=True)
 
 
 # ---- binary: deterministic values -------------------------------------------------------------------

@@ -7,11 +7,9 @@ range, not the floor-log2-plus-carry rule the format uses), then rounds every el
 
 from __future__ import annotations
 
-import itertools
 import math
 from fractions import Fraction
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -23,97 +21,42 @@ from lowbit.formats import BlockFP
 from lowbit.formats._float_grid import round_to_float_grid
 from lowbit.formats.blocking import block_shape
 
-DETERMINISTIC_MODES = [
-    "nearest_even", "nearest_away", "nearest_toward_zero", "nearest_up", "nearest_down",
-    "toward_zero", "away_from_zero", "up", "down",
-]  # fmt: skip
-HALF = Fraction(1, 2)
-TIE_GOES_UP = {
-    "nearest_even": lambda low, value: low % 2 == 1,
-    "nearest_away": lambda low, value: value > 0,
-    "nearest_toward_zero": lambda low, value: value < 0,
-    "nearest_up": lambda low, value: True,
-    "nearest_down": lambda low, value: False,
-}
-DIRECTED_GOES_UP = {
-    "toward_zero": lambda value: value < 0,
-    "away_from_zero": lambda value: value > 0,
-    "up": lambda value: True,
-    "down": lambda value: False,
-}
-
-
-def round_code(value: Fraction, mode: str) -> int:
-    """The integer ``mode`` rounds the exact rational ``value`` to."""
-    low = math.floor(value)
-    fraction = value - low
-    if fraction == 0:
-        return low
-    if mode in DIRECTED_GOES_UP:
-        return low + int(DIRECTED_GOES_UP[mode](value))
-    if fraction != HALF:
-        return low + int(fraction > HALF)
-    return low + int(TIE_GOES_UP[mode](low, value))
+from helpers import (
+    BLOCK_FLOAT32S,
+    DETERMINISTIC,
+    FOUR_FLOAT32S,
+    NON_FINITE,
+    assert_same,
+    check_block_grid,
+    check_block_properties,
+    check_special_does_not_set_block,
+    interesting_data,
+    per_block_reference,
+    reference_round,
+    saturated_block,
+    smallest_fitting_exponent,
+)
 
 
 # ---- the slow reference -------------------------------------------------------------------------------------
 def reference_block(values: list[float], spec: BlockFP, max_exponent_cap: int = 127) -> list[float]:
     mantissa_bits = spec.width - 1
     top = 2**mantissa_bits - 1
-    low_e, high_e = -spec.exponent_bias, min(2**spec.exponent_width - 1 - spec.exponent_bias, max_exponent_cap)
     finite = [Fraction(v) for v in values if math.isfinite(v)]
 
     def fits(exponent: int) -> bool:
         scale = Fraction(2) ** (mantissa_bits - 1 - exponent)
-        return all(abs(round_code(v * scale, spec.rounding)) <= top for v in finite)
+        return all(abs(reference_round(v * scale, spec.rounding)) <= top for v in finite)
 
-    if not any(finite) and any(math.isinf(v) for v in values):
-        low_e = high_e  # only zeros and infs: the infs saturate to the format's max
-    while low_e < high_e:  # smallest exponent that fits (fits is monotone); the largest if none does
-        middle = (low_e + high_e) // 2
-        low_e, high_e = (low_e, middle) if fits(middle) else (middle + 1, high_e)
-    step = Fraction(2) ** (low_e - mantissa_bits + 1)
-    out = []
-    for v in values:
-        if math.isnan(v):
-            out.append(math.nan)
-        elif math.isinf(v):
-            out.append(math.copysign(float(top * step), v))
-        else:
-            out.append(float(max(-top, min(top, round_code(Fraction(v) / step, spec.rounding))) * step))
-    return out
+    high_e = min(2**spec.exponent_width - 1 - spec.exponent_bias, max_exponent_cap)
+    exponent = smallest_fitting_exponent(values, -spec.exponent_bias, high_e, fits)
+    step = Fraction(2) ** (exponent - mantissa_bits + 1)
+    return saturated_block(values, top * step, lambda v: reference_round(Fraction(v) / step, spec.rounding) * step)
 
 
 def reference(x: torch.Tensor, spec: BlockFP) -> torch.Tensor:
-    array = x.double().numpy().copy()
     block = block_shape(x.shape, spec.block_size, spec.axis, spec.skip_first_dim)
-    starts = [range(0, dim, b) for dim, b in zip(x.shape, block)]
-    for corner in itertools.product(*starts):
-        slices = tuple(slice(s, s + b) for s, b in zip(corner, block))
-        part = array[slices]
-        array[slices] = np.array(reference_block(part.ravel().tolist(), spec)).reshape(part.shape)
-    return torch.from_numpy(array).to(x.dtype)
-
-
-def assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
-    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
-
-
-def interesting_data(shape, mantissa_bits: int, seed: int) -> torch.Tensor:
-    """Random values over many binades plus powers of two, exact ties and values that round up to 2^(k+1)."""
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=generator) * 2.0 ** torch.randint(-8, 8, shape, generator=generator)
-    flat = x.view(-1)
-    count = flat.numel()
-    picks = torch.randperm(count, generator=generator)
-    exponents = torch.randint(-6, 6, (count,), generator=generator).double()
-    near_top = (2.0 - 2.0**-mantissa_bits * torch.rand(count, generator=generator, dtype=torch.float64)) * 2**exponents
-    exact_tie = (2.0 - 2.0**-mantissa_bits) * 2**exponents
-    sources = [2.0**exponents, near_top, exact_tie, -near_top, torch.zeros(count, dtype=torch.float64)]
-    for index, source in enumerate(sources):
-        chosen = picks[index::8]
-        flat[chosen] = source[chosen].float()
-    return x
+    return per_block_reference(x, block, lambda values: reference_block(values, spec))
 
 
 # ---- MASE's examples, as we define them -----------------------------------------------------------------------
@@ -194,7 +137,7 @@ def test_default_bias_and_na():
 
 
 # ---- block size 1 is a scalar float ------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", DETERMINISTIC_MODES)
+@pytest.mark.parametrize("mode", DETERMINISTIC)
 @pytest.mark.parametrize("width, exponent_width, bias", [(4, 4, 7), (8, 5, 15), (3, 3, 2), (12, 8, 127)])
 def test_block_size_one_is_a_sign_magnitude_float(mode, width, exponent_width, bias):
     """Block 1 = a float with W - 2 fraction bits (explicit leading bit), exponent in [-B, 2^E - 1 - B]."""
@@ -220,7 +163,7 @@ REFERENCE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("mode", DETERMINISTIC_MODES)
+@pytest.mark.parametrize("mode", DETERMINISTIC)
 @pytest.mark.parametrize("shape, params", REFERENCE_CASES)
 def test_matches_slow_reference(shape, params, mode):
     spec = BlockFP(**params, rounding=mode)
@@ -231,14 +174,7 @@ def test_matches_slow_reference(shape, params, mode):
 
 
 # ---- exhaustive element grid at a fixed block exponent ---------------------------------------------------------
-def expected_between(low: float, high: float, position: Fraction, mode: str) -> float:
-    """What ``mode`` gives for low + position * (high - low), with low and high neighbouring codes."""
-    step = Fraction(high) - Fraction(low)
-    code = round_code(Fraction(low) / step + position, mode)
-    return float(code * step)
-
-
-@pytest.mark.parametrize("mode", DETERMINISTIC_MODES)
+@pytest.mark.parametrize("mode", DETERMINISTIC)
 @pytest.mark.parametrize("width", [2, 3, 4, 5, 8])
 def test_exhaustive_grid_at_a_fixed_exponent(width, mode):
     spec = BlockFP(width=width, exponent_width=5, block_size=(1, 2), rounding=mode)
@@ -246,18 +182,7 @@ def test_exhaustive_grid_at_a_fixed_exponent(width, mode):
     values = spec.block_values(exponent)
     anchor = values[-1].item()  # the top code pins the block exponent to `exponent`
     assert anchor == (2 - 2.0 ** (2 - width)) * 2**exponent
-
-    def run(column: list[float]) -> list[float]:
-        pairs = torch.tensor([[anchor, v] for v in column], dtype=torch.float32)
-        out = spec(pairs)
-        assert torch.all(out[:, 0] == anchor)
-        return out[:, 1].tolist()
-
-    assert run(values.tolist()) == values.tolist()  # every value maps to itself
-    lows, highs = values[:-1].tolist(), values[1:].tolist()
-    for position in (Fraction(1, 2), Fraction(1, 4), Fraction(3, 4)):
-        points = [float(Fraction(a) + position * (Fraction(b) - Fraction(a))) for a, b in zip(lows, highs)]
-        assert run(points) == [expected_between(a, b, position, mode) for a, b in zip(lows, highs)]
+    check_block_grid(spec, values, mode)
 
 
 def test_block_values():
@@ -281,44 +206,20 @@ def test_stochastic_is_unbiased_reproducible_and_never_overflows():
 
 
 # ---- properties ---------------------------------------------------------------------------------------------------
-SPECIALS = [0.0, -0.0, 1e-45, -1e-40, 3e38, -3.4e38, 2.0**-130, float("nan"), float("inf"), -float("inf")]
-float32s = st.one_of(st.floats(width=32, allow_nan=True, allow_infinity=True), st.sampled_from(SPECIALS))
 SPEC = BlockFP(width=5, exponent_width=8, block_size=(4,))
 FLOAT32_MAX = (2 - 2.0**-3) * 2.0**127  # SPEC's own max, (2 - 2^-3) * 2^128, is beyond float32: capped
 
 
-@given(st.lists(float32s, min_size=1, max_size=24))
+@given(st.lists(BLOCK_FLOAT32S, min_size=1, max_size=24))
 def test_properties(values):
     x = torch.tensor(values, dtype=torch.float32)
-    q = SPEC(x)
-    assert q.dtype == x.dtype and q.shape == x.shape
-    assert_same(SPEC(q), q)  # idempotent
-    assert_same(SPEC(-x), -q)  # sign symmetric (nearest_even)
-    assert torch.equal(torch.isnan(q), torch.isnan(x))  # NaN stays NaN, nothing else becomes NaN
-    assert torch.all(q[~torch.isnan(q)].abs() <= FLOAT32_MAX)
-    assert_same(q, reference(x, SPEC))
+    check_block_properties(SPEC, x, reference, FLOAT32_MAX)
 
 
-@given(
-    st.lists(st.floats(-1e6, 1e6, width=32), min_size=4, max_size=4),
-    st.sampled_from([float("nan"), float("inf"), -float("inf")]),
-)
+@given(FOUR_FLOAT32S, NON_FINITE)
 def test_nan_and_inf_do_not_set_the_block(values, special):
     x = torch.tensor(values, dtype=torch.float32)
-    poisoned = x.clone()
-    poisoned[1] = special
-    plain = x.clone()
-    plain[1] = 0.0
-    q, clean = SPEC(poisoned), SPEC(plain)
-    keep = torch.tensor([True, False, True, True])
-    assert torch.equal(q[keep], clean[keep])
-    if math.isnan(special):
-        assert math.isnan(q[1].item())
-    else:  # saturates to the block's largest magnitude (the format's max if the rest is zero)
-        assert math.copysign(1, q[1].item()) == math.copysign(1, special)
-        assert abs(q[1].item()) >= clean.abs().max().item()
-        if torch.all(clean == 0):
-            assert abs(q[1].item()) == FLOAT32_MAX
+    check_special_does_not_set_block(SPEC, x, 1, special, FLOAT32_MAX)
 
 
 def test_empty_and_zero_d():

@@ -3,7 +3,6 @@ per-block loop, padding, skip_first_dim, axis, 0-d and empty tensors, the finite
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -23,15 +22,10 @@ from lowbit.formats.blocking import (
     num_blocks,
 )
 
+from helpers import block_slices
+
 
 # ---- a slow reference: python loops over block index ranges ---------------------------------------------
-def block_slices(shape, block):
-    """Every block of a tensor of ``shape`` as a tuple of slices (the last block of a dim may be short)."""
-    starts = [range(0, dim, b) for dim, b in zip(shape, block)]
-    for corner in itertools.product(*starts):
-        yield tuple(slice(s, s + b) for s, b in zip(corner, block))
-
-
 def reference_blockwise(x: np.ndarray, block, statistic) -> np.ndarray:
     """Each element replaced by ``statistic`` of the elements of its block (no padding involved)."""
     out = np.empty_like(x)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import lowbit
 from format_cases import CASES
+from helpers import assert_same
 
 REGISTERED = set(lowbit.list_formats())
 ACTIVE = [pytest.param(name, params, traits, id=case_id) for case_id, name, params, traits in CASES
@@ -30,12 +31,6 @@ def make_spec(name: str, params: dict) -> lowbit.FormatSpec:
 
 def sample(shape, dtype=torch.float32, seed: int = 0, spread: float = 3.0) -> torch.Tensor:
     return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * spread).to(dtype)
-
-
-def assert_same(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """Bit-for-bit equal values (NaN == NaN; 0.0 == -0.0), same dtype and shape."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
 
 
 # ---- shape, dtype, any rank ------------------------------------------------------------------------------

@@ -16,35 +16,12 @@ from lowbit import FormatError
 from lowbit.formats import Fixed, Integer
 from lowbit.formats.rounding import ROUNDING_MODES
 
-DETERMINISTIC = [mode for mode in ROUNDING_MODES if mode != "stochastic"]
-
-
-def reference_round(value: Fraction, mode: str) -> int:
-    """A slow, exact scalar model of every deterministic rounding mode."""
-    low = math.floor(value)
-    if value == low:
-        return low
-    high = low + 1
-    toward_zero, away = (low, high) if value > 0 else (high, low)
-    directed = {"toward_zero": toward_zero, "away_from_zero": away, "up": high, "down": low}
-    if mode in directed:
-        return directed[mode]
-    half = value - low - Fraction(1, 2)
-    if half != 0:
-        return low if half < 0 else high
-    even = low if low % 2 == 0 else high
-    ties = {"nearest_even": even, "nearest_away": away, "nearest_toward_zero": toward_zero,
-            "nearest_up": high, "nearest_down": low}  # fmt: skip
-    return ties[mode]
-
-
-def codes_of(width: int, signed: bool) -> tuple[int, int]:
-    return (-(2 ** (width - 1)), 2 ** (width - 1) - 1) if signed else (0, 2**width - 1)
+from helpers import DETERMINISTIC, FLOATS32, code_limits, equal_with_nan, reference_round
 
 
 def reference_quantize(x: torch.Tensor, width: int, frac_width: int, signed: bool, mode: str) -> torch.Tensor:
     """Elementwise exact model: NaN stays, +-inf saturate, everything else rounds then clamps."""
-    q_min, q_max = codes_of(width, signed)
+    q_min, q_max = code_limits(width, signed)
     out = []
     for value in x.tolist():
         if math.isnan(value):
@@ -56,12 +33,6 @@ def reference_quantize(x: torch.Tensor, width: int, frac_width: int, signed: boo
             code = min(max(reference_round(Fraction(value) * Fraction(2) ** frac_width, mode), q_min), q_max)
         out.append(math.ldexp(code, -frac_width))
     return torch.tensor(out, dtype=torch.float64).to(x.dtype)
-
-
-def equal_with_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.isnan(), b.isnan()) and torch.equal(
-        a.nan_to_num(), b.nan_to_num()
-    )
 
 
 # ---- MASE's verified examples (mase-behaviour.md 2.0 / 2.1) ------------------------------------------------
@@ -139,7 +110,7 @@ FRAC_WIDTHS = (-3, 0, 2, 5, 9, 12)
 @functools.lru_cache(maxsize=None)
 def exhaustive_grid(width: int, signed: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Quarter points t = m / 4 from two codes below to two above the range, and the expected codes."""
-    q_min, q_max = codes_of(width, signed)
+    q_min, q_max = code_limits(width, signed)
     quarters = [Fraction(m, 4) for m in range(4 * (q_min - 2), 4 * (q_max + 2) + 1)]
     expected = {
         mode: torch.tensor([min(max(reference_round(t, mode), q_min), q_max) for t in quarters], dtype=torch.float32)
@@ -152,7 +123,7 @@ def exhaustive_grid(width: int, signed: bool) -> tuple[torch.Tensor, dict[str, t
 @pytest.mark.parametrize("width", range(1, 9))
 def test_exhaustive_every_mode(width, signed):
     t, expected = exhaustive_grid(width, signed)
-    q_min, q_max = codes_of(width, signed)
+    q_min, q_max = code_limits(width, signed)
     for frac_width in FRAC_WIDTHS:
         step = math.ldexp(1.0, -frac_width)
         x = t * step  # exact: a power-of-two scaling of values with few bits
@@ -180,7 +151,6 @@ def test_exhaustive_grid_covers_ties_and_saturation():
 
 # ---- against the scalar reference, random inputs ----------------------------------------------------------
 CONFIGS = [(8, 4, True), (4, 1, False), (6, 2, True), (8, -2, True), (5, 9, False), (16, 8, True), (3, 0, True)]
-FLOATS32 = st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True)
 
 
 @pytest.mark.parametrize("width, frac_width, signed", CONFIGS)

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 import lowbit
 from lowbit import FormatError
 from lowbit.formats import Q2F, Q2S, Q4F, Q4S, Q8F, Q8S, Affine
-from lowbit.formats.rounding import ROUNDING_MODES
 
-DETERMINISTIC = [mode for mode in ROUNDING_MODES if mode != "stochastic"]
+from helpers import DETERMINISTIC, FLOATS32, equal_with_nan, reference_round, short_scale
+
 # name -> (bits, code range, divisor of max|x| that gives the scale when the positive side is the larger)
 PRESETS = {
     "q8s": (8, (-127, 127), 127.0),
@@ -41,39 +41,11 @@ def raw_scale(x: np.ndarray, name: str) -> tuple[np.float32, np.float32, np.floa
     return max(np.float32(low / np.float32(q_min)), np.float32(high / np.float32(q_max))), low, high
 
 
-def shortened(scale: float, bits: int) -> float:
-    """Rounded down to 24 - bits significant bits (exact code * scale products)."""
-    keep = 24 - bits
-    mantissa, exponent = math.frexp(float(scale))
-    return math.ldexp(math.floor(Fraction(mantissa) * 2**keep), exponent - keep)
-
-
 def expected_scale(x: torch.Tensor, name: str) -> float:
-    return shortened(raw_scale(x.numpy(), name)[0], PRESETS[name][0])
+    return short_scale(raw_scale(x.numpy(), name)[0], PRESETS[name][0])
+
+
 CLASSES = {"q8s": Q8S, "q4s": Q4S, "q2s": Q2S, "q8f": Q8F, "q4f": Q4F, "q2f": Q2F}
-
-
-def reference_round(value: Fraction, mode: str) -> int:
-    """A slow, exact scalar model of every deterministic rounding mode."""
-    low = math.floor(value)
-    if value == low:
-        return low
-    high = low + 1
-    toward_zero, away = (low, high) if value > 0 else (high, low)
-    directed = {"toward_zero": toward_zero, "away_from_zero": away, "up": high, "down": low}
-    if mode in directed:
-        return directed[mode]
-    half = value - low - Fraction(1, 2)
-    if half != 0:
-        return low if half < 0 else high
-    even = low if low % 2 == 0 else high
-    ties = {"nearest_even": even, "nearest_away": away, "nearest_toward_zero": toward_zero,
-            "nearest_up": high, "nearest_down": low}  # fmt: skip
-    return ties[mode]
-
-
-def equal_with_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -168,7 +140,7 @@ def test_granularity_and_scale_dtype(name, granularity, extent, scale_dtype):
         where = (slice(row, row + extent[0]), slice(column, column + extent[1]))
         raw, low, high = raw_scale(x[where].numpy(), name)
         want = raw if scale_dtype == "f32" else stored_scale(raw, high, q_min, q_max, NARROW[scale_dtype], low)
-        want = shortened(want, PRESETS[name][0])
+        want = short_scale(want, PRESETS[name][0])
         assert torch.all(scale[where] == float(want)), (where, scale[where], want)
     codes = spec(x) / scale
     assert torch.allclose(codes, torch.round(codes), atol=1e-4)
@@ -214,7 +186,6 @@ def test_given_scale_uses_the_preset_codes():
 
 
 # ---- properties -----------------------------------------------------------------------------------------------
-FLOATS32 = st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True)
 SPECIAL = [0.0, -0.0, 1e-45, -1e-45, 3.0e38, -3.0e38, math.inf, -math.inf, math.nan]
 
 

@@ -22,31 +22,9 @@ from lowbit.formats.rounding import (
     stochastic_round,
 )
 
-DETERMINISTIC = [mode for mode in ROUNDING_MODES if mode != "stochastic"]
+from helpers import DETERMINISTIC, reference_round
+
 NEAREST = [mode for mode in DETERMINISTIC if mode.startswith("nearest")]
-
-
-def reference_round(value: Fraction, mode: str) -> int:
-    """A slow, exact scalar model of every deterministic mode (independent of the implementation)."""
-    low = math.floor(value)
-    if value == low:
-        return low
-    high = low + 1
-    toward_zero, away = (low, high) if value > 0 else (high, low)
-    directed = {"toward_zero": toward_zero, "away_from_zero": away, "up": high, "down": low}
-    if mode in directed:
-        return directed[mode]
-    half = value - low - Fraction(1, 2)
-    if half != 0:
-        return low if half < 0 else high
-    ties = {
-        "nearest_even": low if low % 2 == 0 else high,
-        "nearest_away": away,
-        "nearest_toward_zero": toward_zero,
-        "nearest_up": high,
-        "nearest_down": low,
-    }
-    return ties[mode]
 
 
 def reference_tensor(x: torch.Tensor, mode: str) -> torch.Tensor:

@@ -11,27 +11,14 @@ import lowbit
 from lowbit import FormatError
 from lowbit.formats import Ternary
 
+from helpers import assert_near, assert_same, t
+
 NAN, INF = math.nan, math.inf
 
 # MASE's verified HEAD example (it needs this reshaped to 4-D; 2-D crashes there).
 W = [[0.5, -0.25, 0.05, 0.0], [1.0, -3.0, 0.2, -0.01]]
 W_UNSCALED = [[1.0, -1.0, 0.0, 0.0], [1.0, -1.0, 0.0, 0.0]]
 W_SCALED = [[0.375, -0.375, 0.0, 0.0], [2.0, -2.0, 0.0, 0.0]]
-
-
-def t(values, dtype=torch.float32):
-    return torch.tensor(values, dtype=dtype)
-
-
-def assert_same(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
-
-
-def assert_near(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """For results holding a computed mean: equal up to float32 rounding of that mean (NaN == NaN)."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    torch.testing.assert_close(actual, expected, rtol=1e-6, atol=0, equal_nan=True)
 
 
 # ---- TWN from the tensor itself ------------------------------------------------------------------------

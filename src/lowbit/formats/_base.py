@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from lowbit import backend
 from lowbit.errors import FormatError, LowbitError, did_you_mean
 from lowbit.formats.rounding import ROUNDING_MODES, canonical_rounding, make_generator
 from lowbit.formats.ste import straight_through
@@ -88,13 +89,18 @@ class FormatSpec:
             return x.detach().clone()
         work = x if x.dtype in (torch.float32, torch.float64) else x.float()
         with torch.no_grad():
-            out = self._quantize(work.detach(), generator)
+            out = backend.run(self, work.detach(), generator, x.dtype)
             if out.dtype != x.dtype:
                 out = saturating_cast(out, x.dtype)
         return out
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         raise NotImplementedError
+
+    def _quantize_for(self, x: torch.Tensor, generator: torch.Generator | None, out_dtype: torch.dtype) -> torch.Tensor:
+        """``_quantize`` when the result will be cast to ``out_dtype``; formats whose grid depends on the
+        output's range (MX scales) override this."""
+        return self._quantize(x, generator)
 
     # ---- description --------------------------------------------------------------------------------
     @property

@@ -26,7 +26,6 @@ exponent if it holds an inf, so that a lone inf saturates to the format's max as
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
@@ -34,7 +33,7 @@ from lowbit.errors import FormatError
 from lowbit.formats._base import FormatSpec, check_axis, check_block_size, check_bool, check_int, check_optional
 from lowbit.formats._float_grid import floor_log2
 from lowbit.formats._registry import register
-from lowbit.formats.blocking import apply_blockwise, block_shape, finite_min_max, num_blocks
+from lowbit.formats.blocking import apply_blockwise, block_shape, finite_min_max, scaled_bits_per_element
 from lowbit.formats.rounding import round_to_integer
 
 # Blocks are computed in float64. exponent_bias <= 1000 keeps the smallest shared exponent (-B) and its
@@ -143,10 +142,9 @@ class BlockFP(FormatSpec):
 
     def bits_per_element(self, shape: tuple[int, ...] | None = None) -> float:
         """W bits per element plus E shared-exponent bits per block."""
-        if shape is None or math.prod(shape) == 0:
-            return float(self.width)
-        block = block_shape(shape, self.block_size, self.axis, self.skip_first_dim)
-        return self.width + self.exponent_width * num_blocks(shape, block) / math.prod(shape)
+        return scaled_bits_per_element(
+            self.width, self.exponent_width, shape, self.block_size, self.axis, self.skip_first_dim
+        )
 
     def block_values(self, exponent: int) -> torch.Tensor:
         """Every value of a block whose shared exponent is ``exponent``, sorted ascending (float64)."""

@@ -26,7 +26,7 @@ import torch
 
 from lowbit.formats._base import FormatSpec, check_axis, check_block_size, check_bool, check_int
 from lowbit.formats._registry import register
-from lowbit.formats.blocking import apply_blockwise, block_shape, finite_abs_max, num_blocks
+from lowbit.formats.blocking import apply_blockwise, block_shape, finite_abs_max, scaled_bits_per_element
 from lowbit.formats.log import MAX_WIDTH, round_to_power_of_two
 
 MAX_BIAS_WIDTH = 10  # beta <= 1023 keeps the smallest element power 2^(1 - beta) inside float64
@@ -83,11 +83,9 @@ class BlockLog(FormatSpec):
         if shape is None:  # the nominal block, when it does not depend on the shape
             fixed = self.block_size is not None and self.axis is None and min(self.block_size) > 0
             return self.width + (self.exponent_bias_width / math.prod(self.block_size) if fixed else 0.0)
-        numel = math.prod(shape)
-        if numel == 0:
-            return float(self.width)
-        block = block_shape(shape, self.block_size, self.axis, self.skip_first_dim)
-        return self.width + self.exponent_bias_width * num_blocks(shape, block) / numel
+        return scaled_bits_per_element(
+            self.width, self.exponent_bias_width, shape, self.block_size, self.axis, self.skip_first_dim
+        )
 
     def block_bias(self, block_max: torch.Tensor) -> torch.Tensor:
         """beta per block from its finite max |x| (int32): the max sits at the top power, clamped."""

@@ -26,7 +26,6 @@ so that a lone inf saturates to the format's max.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
@@ -35,7 +34,7 @@ from lowbit.formats._base import FormatSpec, check_block_size, check_bool, check
 from lowbit.formats._float_grid import float_grid_values, round_to_float_grid
 from lowbit.formats._registry import register
 from lowbit.formats.block_fp import dtype_max_exponent, shared_exponent
-from lowbit.formats.blocking import apply_blockwise, block_shape, num_blocks
+from lowbit.formats.blocking import apply_blockwise, block_shape, scaled_bits_per_element
 
 # Mantissa bits beyond float32's 23 could not be represented in a float32 result.
 _MAX_MANTISSA_BITS = 23
@@ -100,10 +99,9 @@ class BlockMinifloat(FormatSpec):
 
     def bits_per_element(self, shape: tuple[int, ...] | None = None) -> float:
         """W bits per element plus Bw shared-bias bits per block."""
-        if shape is None or math.prod(shape) == 0:
-            return float(self.width)
-        block = block_shape(shape, self.block_size, None, self.skip_first_dim)
-        return self.width + self.exponent_bias_width * num_blocks(shape, block) / math.prod(shape)
+        return scaled_bits_per_element(
+            self.width, self.exponent_bias_width, shape, self.block_size, None, self.skip_first_dim
+        )
 
     def element_min_exponent(self, shared: int | torch.Tensor) -> int | torch.Tensor:
         """Smallest normal exponent of a block whose top binade is ``shared`` (2^E - 2 binades below)."""

@@ -85,6 +85,19 @@ def apply_blockwise(x: torch.Tensor, block: Sequence[int], fn: BlockFn) -> torch
     return out
 
 
+def block_statistics(x: torch.Tensor, block: Sequence[int], statistic: BlockFn) -> torch.Tensor:
+    """``statistic(blocked, reduce_dims)`` (one keepdim value per block) for every block of ``x``, shaped
+    ``[n0, n1, ...]``: the blocks' own layout, one entry per block."""
+    found: list[torch.Tensor] = []
+
+    def record(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+        found.append(statistic(blocked, dims))
+        return blocked
+
+    apply_blockwise(x, block, record)
+    return found[0].reshape(found[0].shape[0::2])  # [n0, 1, n1, 1, ...] -> [n0, n1, ...]
+
+
 def finite_abs_max(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     """max |x| per block over finite elements only (NaN / +-inf do not set a block's scale)."""
     magnitude = blocked.abs()
@@ -109,7 +122,10 @@ def num_blocks(shape: Sequence[int], block: Sequence[int]) -> int:
 
 def scaled_bits_per_element(element_bits: float, scale_bits: int, shape, block_size=None, axis=None,
                             skip_first_dim: bool = False) -> float:
-    """Element bits plus ``scale_bits`` per block, spread over the tensor's elements."""
+    """Element bits plus ``scale_bits`` per block, spread over the tensor's elements (``shape`` None: the
+    element bits alone, as for an empty tensor)."""
+    if shape is None:
+        return float(element_bits)
     numel = 1
     for dim in shape:
         numel *= dim

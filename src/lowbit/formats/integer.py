@@ -33,7 +33,7 @@ from lowbit.formats._base import (
 )
 from lowbit.formats._registry import register
 from lowbit.formats.blocking import apply_blockwise, block_shape, finite_abs_max, finite_min_max, normalize_axis
-from lowbit.formats.blocking import num_blocks
+from lowbit.formats.blocking import scaled_bits_per_element
 from lowbit.formats.rounding import round_to_integer
 from lowbit.formats.scaling import SCALE_DTYPE_BITS, ceil_power_of_two, round_scale, round_scale_up, safe_scale
 from lowbit.formats.scaling import shorten_scale
@@ -217,14 +217,10 @@ class Affine(FormatSpec):
 
     def bits_per_element(self, shape: tuple[int, ...] | None = None) -> float:
         """Code bits plus the scale (and zero point) bits shared by each block, per element."""
-        if shape is None or self.scale is not None:
-            return float(self.bits)
-        numel = math.prod(shape)
-        if numel == 0:
+        if self.scale is not None:
             return float(self.bits)
         per_block = SCALE_DTYPE_BITS[self.scale_dtype] + (0 if self.symmetric else self.bits)
-        block = block_shape(shape, self.block_size, self.axis, self.skip_first_dim)
-        return self.bits + per_block * num_blocks(shape, block) / numel
+        return scaled_bits_per_element(self.bits, per_block, shape, self.block_size, self.axis, self.skip_first_dim)
 
     def value_set(self) -> torch.Tensor | None:
         if self.scale is None or len(self.scale) != 1 or len(self.zero_point or (0,)) != 1:

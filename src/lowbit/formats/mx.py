@@ -49,7 +49,14 @@ from lowbit.errors import FormatError
 from lowbit.formats._base import FormatSpec, check_axis, check_block_size, check_bool, check_choice, check_tensor
 from lowbit.formats._float_grid import float_grid_values, round_to_float_grid
 from lowbit.formats._registry import register
-from lowbit.formats.blocking import apply_blockwise, block_shape, finite_abs_max, normalize_axis, num_blocks
+from lowbit.formats.blocking import (
+    apply_blockwise,
+    block_shape,
+    block_statistics,
+    finite_abs_max,
+    normalize_axis,
+    num_blocks,
+)
 
 SCALE_BITS = 8
 SCALE_EXPONENT_MIN = -127
@@ -173,18 +180,12 @@ class _MXFormat(FormatSpec):
         return self.bits + SCALE_BITS * num_blocks(shape or (1,), block) / numel
 
     # ---- quantization -------------------------------------------------------------------------------
-    def quantize(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """As FormatSpec.quantize, but a block never rounds past the largest finite value of ``x.dtype``."""
-        check_tensor(x)
-        if x.numel() == 0:
-            return x.detach().clone()
-        work = x if x.dtype in (torch.float32, torch.float64) else x.float()
-        with torch.no_grad():
-            out = self._quantize_within(work.detach(), generator, torch.finfo(x.dtype).max)
-        return out.to(x.dtype)
-
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         return self._quantize_within(x, generator, torch.finfo(x.dtype).max)
+
+    def _quantize_for(self, x: torch.Tensor, generator, out_dtype: torch.dtype) -> torch.Tensor:
+        """A block never rounds past the largest finite value of the output dtype."""
+        return self._quantize_within(x, generator, torch.finfo(out_dtype).max)
 
     def _quantize_within(self, x: torch.Tensor, generator, dtype_max: float) -> torch.Tensor:
         if x.dim() == 0:
@@ -200,11 +201,14 @@ class _MXFormat(FormatSpec):
         return block_shape(shape, (self.block_size,), self.axis, self.skip_first_dim)
 
     def _quantize_block(self, blocked, dims, generator, dtype_max: float) -> torch.Tensor:
-        exponent = shared_exponent(finite_abs_max(blocked, dims), self.element, self.scale_rule)  # [n0,1,n1,1..]
+        exponent = self._block_exponent(blocked, dims)  # [n0, 1, n1, 1, ...]
         min_exponent = exponent + self.element.min_exponent
         limit = self._block_limit(exponent, min_exponent, blocked.dtype, dtype_max)
         mantissa_bits = self.element.mantissa_bits
         return round_to_float_grid(blocked, mantissa_bits, min_exponent, limit, self.rounding, generator)
+
+    def _block_exponent(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+        return shared_exponent(finite_abs_max(blocked, dims), self.element, self.scale_rule)
 
     def _block_limit(self, exponent, min_exponent, dtype: torch.dtype, dtype_max: float) -> torch.Tensor:
         """2^s * element max, or the largest block value <= dtype_max when that one is not finite there."""
@@ -217,14 +221,7 @@ class _MXFormat(FormatSpec):
         check_tensor(x)
         x = x.detach().reshape(1) if x.dim() == 0 else x.detach()
         work = x if x.dtype in (torch.float32, torch.float64) else x.float()
-        found: list[torch.Tensor] = []
-
-        def record(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-            found.append(shared_exponent(finite_abs_max(blocked, dims), self.element, self.scale_rule))
-            return blocked
-
-        apply_blockwise(work, self._block(tuple(work.shape)), record)
-        return found[0].reshape([n for i, n in enumerate(found[0].shape) if i % 2 == 0])
+        return block_statistics(work, self._block(tuple(work.shape)), self._block_exponent)
 
 
 def _mx_format(class_name: str, name: str, element: str) -> type[_MXFormat]:

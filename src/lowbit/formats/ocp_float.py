@@ -38,7 +38,13 @@ from lowbit.formats._base import (
     check_choice,
 )
 from lowbit.formats._registry import register
-from lowbit.formats.blocking import apply_blockwise, block_shape, finite_abs_max, num_blocks
+from lowbit.formats.blocking import (
+    apply_blockwise,
+    block_shape,
+    block_statistics,
+    finite_abs_max,
+    scaled_bits_per_element,
+)
 from lowbit.formats.minifloat import FloatGrid
 from lowbit.formats.scaling import SCALE_DTYPE_BITS, round_scale, safe_scale
 
@@ -165,10 +171,10 @@ class _OcpFloat(FormatSpec):
 
     def bits_per_element(self, shape: tuple[int, ...] | None = None) -> float:
         """Element bits plus each block's scale bits spread over the block's elements."""
-        if not self.is_scaled or shape is None or math.prod(shape) == 0:
+        if not self.is_scaled:
             return float(self.bits)
-        block = block_shape(shape, self.block_size, self.axis, self.skip_first_dim)
-        return self.bits + SCALE_DTYPE_BITS[self.scale_dtype] * num_blocks(shape, block) / math.prod(shape)
+        scale_bits = SCALE_DTYPE_BITS[self.scale_dtype]
+        return scaled_bits_per_element(self.bits, scale_bits, shape, self.block_size, self.axis, self.skip_first_dim)
 
     def value_set(self) -> torch.Tensor | None:
         """Every finite element value (float64, sorted, one zero); None when scaled (depends on the data)."""
@@ -182,8 +188,11 @@ class _OcpFloat(FormatSpec):
         return apply_blockwise(x, block, lambda blocked, dims: self._quantize_block(blocked, dims, generator))
 
     def _quantize_block(self, blocked: torch.Tensor, dims: tuple[int, ...], generator) -> torch.Tensor:
-        scale = covering_scale(finite_abs_max(blocked, dims), self.element.max_value, self.scale_dtype)
+        scale = self._block_scale(blocked, dims)
         return round_element(blocked / scale, self.element, self.rounding, self.saturate, generator) * scale
+
+    def _block_scale(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+        return covering_scale(finite_abs_max(blocked, dims), self.element.max_value, self.scale_dtype)
 
     def scales(self, x: torch.Tensor) -> torch.Tensor:
         """The scale of every block of ``x`` (one entry per block, float32 / float64); ones when unscaled."""
@@ -191,14 +200,7 @@ class _OcpFloat(FormatSpec):
         if not self.is_scaled or work.numel() == 0:
             return torch.ones((1,) * work.dim(), dtype=work.dtype)
         block = block_shape(work.shape, self.block_size, self.axis, self.skip_first_dim)
-        found: list[torch.Tensor] = []
-
-        def record(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-            found.append(covering_scale(finite_abs_max(blocked, dims), self.element.max_value, self.scale_dtype))
-            return blocked
-
-        apply_blockwise(work, block, record)
-        return found[0].reshape(found[0].shape[0::2])  # [n0, 1, n1, 1, ...] -> [n0, n1, ...]
+        return block_statistics(work, block, self._block_scale)
 
 
 @register

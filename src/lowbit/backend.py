@@ -1,0 +1,131 @@
+"""Execution backends for format quantizers: plain eager PyTorch, or fused kernels from torch.compile.
+
+``eager`` runs a format's ``_quantize`` op by op: every op reads and writes the whole tensor. ``compiled``
+hands the same function to ``torch.compile`` (Inductor's C++ backend on CPU), which fuses it into one
+or two passes over memory. Both give bit-identical results (the compiled kernel evaluates the same
+float operations; tests/test_backend.py checks every format).
+
+Kernels are cached per format spec, input dtype and rank, and compiled with dynamic shapes, so a new
+shape does not trigger a recompile. Stochastic rounding always runs eagerly: torch.compile draws random
+numbers from its own generator, and a seed must give the same result on either path.
+
+Choose with ``lowbit.set_backend("eager" | "compiled" | "auto")`` or the environment variable
+``LOWBIT_BACKEND``. ``auto`` (the default) compiles tensors of at least ``AUTO_MIN_ELEMENTS`` elements,
+where a fused kernel pays for its one-off compile time, and runs smaller ones eagerly. If compiling fails
+(no C++ compiler, an unsupported op), lowbit warns once and stays eager for the rest of the process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import types
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from lowbit.errors import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from lowbit.formats._base import FormatSpec
+
+BACKENDS = ("auto", "eager", "compiled")
+AUTO_MIN_ELEMENTS = 1 << 18
+_KernelKey = tuple[object, torch.dtype, int, torch.dtype]
+
+_state = {"backend": None, "broken": False}
+_kernels: dict[_KernelKey, Callable[[torch.Tensor], torch.Tensor]] = {}
+_lock = threading.Lock()
+_serial = itertools.count()
+
+
+def set_backend(name: str) -> None:
+    """Select how format quantizers run: "auto" (default), "eager" or "compiled"."""
+    _state["backend"] = _checked(name, "set_backend")
+
+
+def get_backend() -> str:
+    """The backend in force: the one set, else $LOWBIT_BACKEND, else "auto"."""
+    if _state["backend"] is None:
+        _state["backend"] = _checked(os.environ.get("LOWBIT_BACKEND", "auto"), "LOWBIT_BACKEND")
+    return _state["backend"]
+
+
+def _checked(name: str, where: str) -> str:
+    key = str(name).strip().lower()
+    if key not in BACKENDS:
+        raise ConfigError(f"{where}: unknown backend {name!r}{did_you_mean(key, BACKENDS)}; legal: {', '.join(BACKENDS)}")
+    return key
+
+
+def wants_compiled(spec: FormatSpec, x: torch.Tensor) -> bool:
+    """Whether ``spec`` should run on ``x`` through a compiled kernel under the current backend."""
+    backend = get_backend()
+    if backend == "eager" or _state["broken"] or spec.is_stochastic:
+        return False
+    return backend == "compiled" or x.numel() >= AUTO_MIN_ELEMENTS
+
+
+def run(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """``spec._quantize_for(x, generator, out_dtype)`` on the backend in force (x float32 / float64, non-empty)."""
+    if not wants_compiled(spec, x):
+        return spec._quantize_for(x, generator, out_dtype)
+    try:
+        return kernel(spec, x.dtype, x.dim(), out_dtype)(_dynamic(x))
+    except Exception as error:  # a missing compiler or an Inductor failure: fall back once, loudly
+        _state["broken"] = True
+        warnings.warn(
+            f"lowbit: compiled quantizers are unavailable ({type(error).__name__}: {str(error)[:200]}); "
+            "using the eager path from now on",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return spec._quantize_for(x, generator, out_dtype)
+
+
+def _dynamic(x: torch.Tensor) -> torch.Tensor:
+    """Mark every dimension dynamic, so the first compile already serves every shape (format parameters
+    stay constants: only the tensor's sizes are symbolic)."""
+    for dim in range(x.dim()):
+        torch._dynamo.maybe_mark_dynamic(x, dim)
+    return x
+
+
+def kernel(
+    spec: FormatSpec, dtype: torch.dtype, rank: int, out_dtype: torch.dtype | None = None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The compiled quantizer for (spec, compute dtype, rank, output dtype), built on first use."""
+    out_dtype = dtype if out_dtype is None else out_dtype
+    key = (spec, dtype, rank, out_dtype)
+    with _lock:
+        compiled = _kernels.get(key)
+        if compiled is None:
+            compiled = torch.compile(_quantizer_function(spec, out_dtype), fullgraph=True)
+            _kernels[key] = compiled
+    return compiled
+
+
+def clear_cache() -> None:
+    """Forget every compiled kernel (and re-enable compiling after a failure)."""
+    with _lock:
+        _kernels.clear()
+        _state["broken"] = False
+
+
+def _quantizer_function(spec: FormatSpec, out_dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function quantizing with one spec, with a code object of its own.
+
+    torch.compile keeps its compiled graphs per code object and recompiles (up to a small limit) when a
+    guard fails; one shared function for every spec would exhaust that limit after a few formats. A fresh
+    code object per kernel gives each spec its own cache entry.
+    """
+
+    def quantize(x: torch.Tensor) -> torch.Tensor:
+        return spec._quantize_for(x, None, out_dtype)
+
+    name = f"lowbit_{spec.format_name}_{next(_serial)}"
+    code = quantize.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, quantize.__globals__, name, None, quantize.__closure__)
