@@ -40,6 +40,9 @@ _state = {"backend": None, "broken": False}
 _kernels: dict[_KernelKey, Callable[[torch.Tensor], torch.Tensor]] = {}
 _lock = threading.Lock()
 _serial = itertools.count()
+# Fused kernels skip float32 -> bf16 -> float32 round trips unless told to emulate them; scales stored in
+# f16 / bf16 must be rounded exactly as eager rounds them.
+_INDUCTOR_OPTIONS = {"emulate_precision_casts": True}
 
 
 def set_backend(name: str) -> None:
@@ -103,7 +106,7 @@ def kernel(
     with _lock:
         compiled = _kernels.get(key)
         if compiled is None:
-            compiled = torch.compile(_quantizer_function(spec, out_dtype), fullgraph=True)
+            compiled = torch.compile(_quantizer_function(spec, out_dtype), fullgraph=True, options=_INDUCTOR_OPTIONS)
             _kernels[key] = compiled
     return compiled
 

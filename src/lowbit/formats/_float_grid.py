@@ -15,10 +15,31 @@ import torch
 from lowbit.formats.rounding import round_to_integer
 
 
+# Per float dtype: (same-width integer dtype, mantissa bits, exponent bias, shift that normalises subnormals).
+_LAYOUT = {
+    torch.float32: (torch.int32, 23, 127, 24),
+    torch.float64: (torch.int64, 52, 1023, 54),
+}
+
+
 def floor_log2(magnitude: torch.Tensor) -> torch.Tensor:
-    """floor(log2(|x|)) as an int32 tensor, exact (frexp, no log2 rounding); 0 gives a very small value."""
-    _, exponent = torch.frexp(magnitude)  # magnitude = m * 2**exponent with m in [0.5, 1)
-    return exponent - 1
+    """floor(log2(|x|)) as an int32 tensor, exact, read from the float's exponent bits.
+
+    Subnormals are first scaled into the normal range (exact), so they get their true exponent too. Zero
+    gives a value below every exponent of the dtype; +-inf and NaN give -1 (callers treat them apart). Reading the
+    bits vectorises in compiled kernels, where frexp runs element by element.
+    """
+    if magnitude.dtype not in _LAYOUT:
+        _, exponent = torch.frexp(magnitude)
+        return exponent - 1
+    int_dtype, mantissa_bits, bias, shift = _LAYOUT[magnitude.dtype]
+    magnitude = magnitude.abs()
+    subnormal = magnitude < torch.finfo(magnitude.dtype).tiny
+    scaled = torch.where(subnormal, magnitude * 2.0**shift, magnitude)
+    field = (scaled.view(int_dtype) >> mantissa_bits) & (2 * bias + 1)
+    exponent = (field - bias).to(torch.int32)
+    exponent = torch.where(field == 2 * bias + 1, -1, exponent)  # inf / NaN: -1, as frexp's exponent 0 gives
+    return torch.where(subnormal, exponent - shift, exponent)
 
 
 def round_to_float_grid(
@@ -32,7 +53,9 @@ def round_to_float_grid(
     """Nearest (by ``rounding``) value of the grid described above, saturating at +-max_value."""
     exponent = floor_log2(x.abs())
     if isinstance(min_exponent, torch.Tensor):
-        exponent = torch.maximum(exponent, min_exponent.to(exponent.dtype))
+        # Widen to the per-block tensor's integer type (not narrow it): mixing int32 and int64 lanes trips
+        # Inductor's C++ vectorizer on float64 inputs.
+        exponent = torch.maximum(exponent.to(min_exponent.dtype), min_exponent)
     else:
         exponent = exponent.clamp(min=min_exponent)
     # Elements of the binade [2^e, 2^(e+1)) (or the subnormal range) sit on multiples of 2^(e - M).

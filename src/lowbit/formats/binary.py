@@ -47,7 +47,10 @@ def masked_mean(magnitude: torch.Tensor, selected: torch.Tensor, dims: tuple[int
     bottom = torch.where(selected, magnitude, torch.full_like(magnitude, math.inf)).amin(dim=dims, keepdim=True)
     count = selected.sum(dim=dims, keepdim=True).clamp(min=1)
     unit = torch.where(top > 0, top, torch.ones_like(top))
-    mean = unit * ((kept / unit).sum(dim=dims, keepdim=True) / count)
+    # Accumulate in float64: eager and compiled kernels sum in different orders, and float64 partial sums
+    # make the float32 mean they round to the same on both paths.
+    total = (kept / unit).sum(dim=dims, keepdim=True, dtype=torch.float64)
+    mean = unit * (total / count).to(magnitude.dtype)
     return torch.where(top == bottom, top, mean)
 
 
@@ -159,6 +162,10 @@ class BinaryResidual(FormatSpec):
             total = self.levels * (self.levels + 1) / 2
             means = tuple((self.levels - i) / total for i in range(self.levels))
         object.__setattr__(self, "means", self._check_means(means))
+        # The value grid per compute dtype, as Python constants (two values may coincide once rounded).
+        grids = {dtype: tuple(torch.tensor(residual_values(self.means), dtype=dtype).unique().tolist())
+                 for dtype in (torch.float32, torch.float64)}  # fmt: skip
+        object.__setattr__(self, "_grids", grids)
 
     def _check_means(self, means) -> tuple[float, ...]:
         legal = f"must be {self.levels} finite positive numbers (one per level)"
@@ -178,8 +185,7 @@ class BinaryResidual(FormatSpec):
         return torch.tensor(residual_values(self.means), dtype=torch.float64)
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        # unique(): two values may coincide once cast to a narrower dtype.
-        values = torch.tensor(residual_values(self.means), dtype=x.dtype, device=x.device).unique()
+        values = torch.tensor(self._grids[x.dtype], dtype=x.dtype, device=x.device)
         midpoints = (values[:-1] + values[1:]) / 2
         # right=True sends a value equal to a midpoint to the upper neighbour: ties go toward +inf.
         out = values[torch.bucketize(x, midpoints, right=True)]
