@@ -42,6 +42,22 @@ def floor_log2(magnitude: torch.Tensor) -> torch.Tensor:
     return torch.where(subnormal, exponent - shift, exponent)
 
 
+def exact_pow2(exponent: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """2^exponent as ``dtype``, built from the exponent bits (exact; vectorises where ldexp does not).
+
+    Exponents below the normal range are built 64 binades higher and scaled down, which is exact for
+    every power of two the dtype holds (subnormals included). Exponents above it give inf.
+    """
+    if dtype not in _LAYOUT:
+        return torch.ldexp(torch.ones_like(exponent, dtype=dtype), exponent)
+    int_dtype, mantissa_bits, bias, _ = _LAYOUT[dtype]
+    exponent = exponent.to(int_dtype)
+    low = exponent < 1 - bias
+    shifted = torch.where(low, exponent + 64, exponent).clamp(-bias, bias + 1)  # bias + 1 -> inf bits
+    power = ((shifted + bias) << mantissa_bits).view(dtype)
+    return torch.where(low, power * 2.0**-64, power)
+
+
 def round_to_float_grid(
     x: torch.Tensor,
     mantissa_bits: int,
@@ -59,7 +75,7 @@ def round_to_float_grid(
     else:
         exponent = exponent.clamp(min=min_exponent)
     # Elements of the binade [2^e, 2^(e+1)) (or the subnormal range) sit on multiples of 2^(e - M).
-    step = torch.ldexp(torch.ones_like(x), exponent - mantissa_bits)
+    step = exact_pow2(exponent - mantissa_bits, x.dtype)
     rounded = round_to_integer(x / step, rounding, generator) * step
     if isinstance(max_value, torch.Tensor):
         return torch.maximum(torch.minimum(rounded, max_value), -max_value)

@@ -31,7 +31,7 @@ import torch
 
 from lowbit.errors import FormatError
 from lowbit.formats._base import FormatSpec, check_axis, check_block_size, check_bool, check_int, check_optional
-from lowbit.formats._float_grid import floor_log2
+from lowbit.formats._float_grid import exact_pow2, floor_log2
 from lowbit.formats._registry import register
 from lowbit.formats.blocking import apply_blockwise, block_shape, finite_min_max, scaled_bits_per_element
 from lowbit.formats.rounding import round_to_integer
@@ -171,7 +171,7 @@ class BlockFP(FormatSpec):
     def _quantize_blocks(self, blocked, dims, max_exponent: int, generator) -> torch.Tensor:
         mantissa_bits = self.mantissa_bits
         exponent = shared_exponent(blocked, dims, mantissa_bits, self.rounding, self.min_exponent, max_exponent)
-        step = torch.ldexp(torch.ones_like(exponent, dtype=blocked.dtype), exponent - mantissa_bits + 1)
+        step = exact_pow2(exponent - mantissa_bits + 1, blocked.dtype)
         top_code = 2.0**mantissa_bits - 1
         codes = round_to_integer(blocked / step, self.rounding, generator).clamp(-top_code, top_code)
         return codes * step

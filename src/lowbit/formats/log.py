@@ -31,6 +31,7 @@ import torch
 
 from lowbit.formats._base import FormatSpec, check_bool, check_int, check_optional, set_field
 from lowbit.formats._registry import register
+from lowbit.formats._float_grid import exact_pow2
 from lowbit.formats.rounding import round_to_integer
 
 # Exponents must stay inside float64 (subnormals included) so that value_set() and float64 inputs are exact.
@@ -114,7 +115,7 @@ def round_to_power_of_two(
     top_code = torch.clamp(max_exponent, max=dtype_max_exponent) - min_exponent + 1
     code = torch.minimum(lower_code + step.to(lower_code.dtype), top_code)
     code = torch.where(torch.isinf(x), top_code, code)
-    power = torch.ldexp(torch.ones_like(magnitude), min_exponent + code - 1)
+    power = exact_pow2(min_exponent + code - 1, magnitude.dtype)
     value = torch.copysign(torch.where(code == 0, torch.zeros_like(power), power), x)
     return torch.where(torch.isnan(x), x, value)
 

@@ -1,0 +1,134 @@
+"""The compiled path gives bit-identical results to the eager path, for every format case."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import lowbit
+from format_cases import CASES
+from helpers import assert_same
+from lowbit import backend
+
+SPECIAL = [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-40, -3e38, 2.0**-9, 448.0, 1.9375]
+
+
+def case_input(seed: int) -> torch.Tensor:
+    """Mixed magnitudes, exact ties of many grids (multiples of 2^-8), and every special value."""
+    generator = torch.Generator().manual_seed(seed)
+    spread = torch.randn(37, 70, generator=generator) * torch.logspace(-6, 6, 70)
+    ties = torch.randint(-4096, 4096, (37, 70), generator=generator) / 256.0
+    x = torch.where(torch.rand(37, 70, generator=generator) < 0.3, ties, spread)
+    x.view(-1)[: len(SPECIAL)] = torch.tensor(SPECIAL)
+    return x
+
+
+@pytest.fixture(autouse=True)
+def fresh_backend():
+    backend.clear_cache()
+    yield
+    backend.set_backend("eager")
+    backend.clear_cache()
+
+
+@pytest.mark.parametrize("name,params", [pytest.param(n, p, id=i) for i, n, p, _ in CASES])
+def test_compiled_equals_eager(name, params):
+    spec = lowbit.get_format(name)(**params)
+    x = case_input(seed=len(name))
+    backend.set_backend("eager")
+    expected = [spec(x), spec(x[:5, :33].contiguous())]
+    backend.set_backend("compiled")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager would hide a failure
+        actual = [spec(x), spec(x[:5, :33].contiguous())]
+    for got, want in zip(actual, expected):
+        assert_same(got, want)
+    assert (spec, torch.float32, 2, torch.float32) in backend._kernels  # it really ran compiled
+
+
+@pytest.mark.parametrize("name,params", [("q4s", {"block_size": [1, 32], "scale_dtype": "bf16"}), ("mxfp8_e5m2", {}),
+                                         ("block_minifloat", {"width": 8, "exponent_width": 4})])  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_compiled_equals_eager_other_dtypes(name, params, dtype):
+    spec = lowbit.get_format(name)(**params)
+    x = case_input(seed=1).to(dtype)
+    backend.set_backend("eager")
+    want = spec(x)
+    backend.set_backend("compiled")
+    assert_same(spec(x), want)
+
+
+def test_one_kernel_serves_every_shape():
+    spec = lowbit.get_format("mxint8")()  # blocks of 32 along the last dimension, padded where needed
+    backend.set_backend("compiled")
+    torch._dynamo.utils.counters.clear()
+    for rows, columns in [(8, 32), (9, 50), (33, 17), (2, 1000)]:
+        x = torch.randn(rows, columns)
+        backend.set_backend("eager")
+        want = spec(x)
+        backend.set_backend("compiled")
+        assert_same(spec(x), want)
+    assert len(backend._kernels) == 1
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2  # no compile per shape
+
+
+def test_backend_selection(monkeypatch):
+    backend.set_backend("COMPILED")
+    assert lowbit.get_backend() == "compiled"
+    with pytest.raises(lowbit.ConfigError, match="compild.*did you mean 'compiled'"):
+        lowbit.set_backend("compild")
+    backend._state["backend"] = None
+    monkeypatch.setenv("LOWBIT_BACKEND", "eager")
+    assert lowbit.get_backend() == "eager"
+    backend._state["backend"] = None
+    monkeypatch.setenv("LOWBIT_BACKEND", "fast")
+    with pytest.raises(lowbit.ConfigError, match="LOWBIT_BACKEND"):
+        lowbit.get_backend()
+    backend._state["backend"] = None
+    monkeypatch.delenv("LOWBIT_BACKEND")
+    assert lowbit.get_backend() == "auto"
+
+
+def test_auto_compiles_only_large_tensors():
+    spec = lowbit.get_format("integer")(width=8, frac_width=4)
+    backend.set_backend("auto")
+    small, large = torch.randn(4, 4), torch.randn(backend.AUTO_MIN_ELEMENTS)
+    assert not backend.wants_compiled(spec, small)
+    assert backend.wants_compiled(spec, large)
+    stochastic = lowbit.get_format("integer")(width=8, frac_width=4, rounding="stochastic")
+    assert not backend.wants_compiled(stochastic, large)  # seeded draws must match the eager path
+
+
+def test_stochastic_rounding_is_reproducible_on_the_compiled_backend():
+    x = torch.randn(64, 64)
+    backend.set_backend("eager")
+    want = lowbit.quantize(x, "integer", width=8, frac_width=4, rounding="stochastic", seed=3)
+    backend.set_backend("compiled")
+    assert_same(lowbit.quantize(x, "integer", width=8, frac_width=4, rounding="stochastic", seed=3), want)
+
+
+def test_compile_failure_warns_once_and_falls_back(monkeypatch):
+    def broken_compile(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    backend.set_backend("compiled")
+    spec = lowbit.get_format("e4m3")()
+    x = torch.randn(10, 10) * 100
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found") as record:
+        first = spec(x)
+        second = lowbit.quantize(x, "q8s")
+    assert len(record) == 1
+    backend.set_backend("eager")
+    assert_same(first, spec(x))
+    assert_same(second, lowbit.quantize(x, "q8s"))
+
+
+def test_gradients_pass_through_compiled_kernels():
+    backend.set_backend("compiled")
+    x = torch.randn(16, 32, requires_grad=True)
+    lowbit.quantize(x, "mxfp4_e2m1").mul(torch.arange(32.0)).sum().backward()
+    assert torch.equal(x.grad, torch.arange(32.0).expand(16, 32))
