@@ -193,3 +193,30 @@ def test_gradcheck_at_the_grid_scale():
     # A smaller step than the grid sees a flat function: the quantizer is not differentiable, STE is a choice.
     with pytest.raises(Exception):
         torch.autograd.gradcheck(spec, (x,), eps=2.0**-30, atol=1e-3, rtol=0)
+
+
+def test_floating_point_and_block_examples_as_written():
+    """The issue-3 API examples, each checked against a property of its format."""
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(5)) * 4
+    ieee = lowbit.quantize(x, "minifloat_ieee", width=8, exponent_width=4, exponent_bias=7)
+    denorm = lowbit.quantize(x, "minifloat_denorm", width=8, exponent_width=4, exponent_bias=7)
+    for out, name in ((ieee, "minifloat_ieee"), (denorm, "minifloat_denorm")):
+        values = lowbit.get_format(name)(width=8, exponent_width=4, exponent_bias=7).value_set()
+        assert torch.isin(out.double(), values).all()
+    assert torch.equal(lowbit.quantize(x, "e4m3"), x.to(torch.float8_e4m3fn).float())
+    blocked = lowbit.quantize(x, "e2m1", block_size=[1, 32])
+    for block in blocked.reshape(8, 2, 32).unbind(1):  # each block: at most 15 values (8 magnitudes, signs)
+        assert all(len(row.unique()) <= 15 for row in block)
+    log = lowbit.quantize(x, "log", width=8, exponent_bias=63)
+    nonzero = log[log != 0].abs()
+    assert torch.equal(torch.log2(nonzero), torch.round(torch.log2(nonzero)))  # powers of two
+    block_fp = lowbit.quantize(x, "block_fp", width=8, exponent_width=8, exponent_bias=127, block_size=[1, 16])
+    assert (block_fp - x).abs().max() <= x.abs().max() * 2**-6
+    minifloat = lowbit.quantize(x, "block_minifloat", width=8, exponent_width=4, exponent_bias_width=4,
+                                block_size=[1, 16])  # fmt: skip
+    assert ((minifloat - x).abs() <= x.abs() * 2**-4 + 1e-3).all()
+    block_log = lowbit.quantize(x, "block_log", width=8, exponent_bias_width=4, block_size=[1, 16])
+    assert torch.equal(block_log, lowbit.formats.BlockLog(width=8, exponent_bias_width=4, block_size=[1, 16])(x))
+    mx = lowbit.quantize(x, "mxfp4_e2m1", axis=-1)
+    scales = x.reshape(8, 2, 32).abs().amax(-1, keepdim=True)
+    assert (mx.reshape(8, 2, 32).abs() <= scales * 1.5).all() and mx.shape == x.shape

@@ -31,7 +31,7 @@ import torch
 
 from lowbit.formats._base import FormatSpec, check_bool, check_int, check_optional, set_field
 from lowbit.formats._registry import register
-from lowbit.formats._float_grid import exact_pow2
+from lowbit.formats._float_grid import exact_pow2, floor_log2
 from lowbit.formats.rounding import round_to_integer
 
 # Exponents must stay inside float64 (subnormals included) so that value_set() and float64 inputs are exact.
@@ -76,7 +76,7 @@ def _round_magnitude(position: torch.Tensor, negative: torch.Tensor, rounding: s
 def _fraction_below_smallest(mantissa, exponent, min_exponent, magnitude) -> torch.Tensor:
     """|x| / 2^e_min in [0, 1) for magnitudes under the smallest power; never 0 for a nonzero magnitude."""
     exponent_shift = torch.clamp(exponent - min_exponent, max=0)  # only lanes below 2^e_min are used
-    fraction = torch.ldexp(mantissa, exponent_shift)
+    fraction = mantissa * exact_pow2(exponent_shift, mantissa.dtype)
     # A fraction that underflows would turn "up" / stochastic rounding of a tiny nonzero value into zero.
     tiny = torch.finfo(magnitude.dtype).tiny
     return torch.where(magnitude > 0, fraction.clamp(min=tiny), fraction)
@@ -99,7 +99,12 @@ def round_to_power_of_two(
     """
     magnitude = x.abs()
     magnitude = torch.where(torch.isfinite(magnitude), magnitude, torch.zeros_like(magnitude))
-    mantissa, exponent = torch.frexp(magnitude)  # magnitude = mantissa * 2^exponent, mantissa in [0.5, 1)
+    # magnitude = mantissa * 2^exponent with mantissa in [0.5, 1), from the exponent bits (frexp does not
+    # vectorise in compiled kernels); zero gets mantissa 0 and exponent 0, as frexp gives.
+    nonzero = magnitude > 0
+    exponent = torch.where(nonzero, floor_log2(magnitude) + 1, 0)
+    # Divide by 2^(exponent - 1), which the dtype always holds (2^exponent may overflow), then halve.
+    mantissa = torch.where(nonzero, magnitude / exact_pow2(exponent - 1, magnitude.dtype) * 0.5, 0.0)
     min_exponent = torch.as_tensor(min_exponent, dtype=exponent.dtype, device=x.device)
     max_exponent = torch.as_tensor(max_exponent, dtype=exponent.dtype, device=x.device)
     below = (exponent <= min_exponent) | (magnitude == 0)  # |x| < 2^e_min: between zero and the smallest power
