@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import lowbit
 from lowbit.errors import FormatError
+from lowbit.formats.blocking import _apply_interleaved
 from lowbit.formats.blocking import (
     apply_blockwise,
     block_shape,
@@ -142,8 +143,22 @@ def test_apply_blockwise_crops_padding_and_keeps_shape():
         return blocked * 2
 
     out = apply_blockwise(x, (4,), record)
-    assert seen == [((3, 4), (1,))]
+    assert seen == [((1, 3, 4), (2,))]  # blocks along the last dimension: [rows, blocks, block]
     assert out.shape == x.shape and torch.equal(out, x * 2)
+
+
+def test_apply_blockwise_last_dimension_layout_matches_the_general_one():
+    x = torch.randn(3, 5, 37, generator=torch.Generator().manual_seed(0))
+    seen = []
+
+    def block_max(blocked, dims):
+        seen.append((tuple(blocked.shape), dims))
+        return blocked.abs().amax(dim=dims, keepdim=True).expand_as(blocked)
+
+    fast = apply_blockwise(x, (1, 1, 8), block_max)
+    general = _apply_interleaved(x, (1, 1, 8), block_max)
+    assert seen[0] == ((15, 5, 8), (2,)) and seen[1] == ((3, 1, 5, 1, 5, 8), (1, 3, 5))
+    assert torch.equal(fast, general)
 
 
 def test_apply_blockwise_blocked_layout():

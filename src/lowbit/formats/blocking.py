@@ -66,11 +66,32 @@ def block_shape(
 def apply_blockwise(x: torch.Tensor, block: Sequence[int], fn: BlockFn) -> torch.Tensor:
     """Run ``fn(blocked, reduce_dims)`` on a blocked view of ``x`` and undo the blocking.
 
-    ``blocked`` has shape ``[n0, b0, n1, b1, ...]`` and ``reduce_dims = (1, 3, 5, ...)``: a reduction over
-    them with ``keepdim=True`` gives one statistic per block that broadcasts back over ``blocked``.
+    A reduction of ``blocked`` over ``reduce_dims`` with ``keepdim=True`` gives one statistic per block
+    that broadcasts back over ``blocked``; ``fn`` must not rely on any other property of the layout.
+    Blocks that span only the last dimension (per-row groups, MX) are presented as ``[rows, n, b]`` with
+    ``reduce_dims = (2,)``: a simple layout whose compiled kernels generate quickly. Other blocks are
+    presented as ``[n0, b0, n1, b1, ...]`` with ``reduce_dims = (1, 3, 5, ...)``.
     """
     if x.dim() == 0:
         return apply_blockwise(x.reshape(1), (1,), fn).reshape(())
+    if all(b == 1 for b in block[:-1]) and block[-1] > 1:
+        return _apply_along_last(x, block[-1], fn)
+    return _apply_interleaved(x, block, fn)
+
+
+def _apply_along_last(x: torch.Tensor, size: int, fn: BlockFn) -> torch.Tensor:
+    length = x.shape[-1]
+    pad = (-length) % size
+    padded = F.pad(x, (0, pad)) if pad else x
+    blocked = padded.reshape(-1, padded.shape[-1] // size, size)
+    out = fn(blocked, (2,)).reshape(padded.shape)
+    return out[..., :length] if pad else out
+
+
+def _apply_interleaved(x: torch.Tensor, block: Sequence[int], fn: BlockFn) -> torch.Tensor:
+    """apply_blockwise with the general ``[n0, b0, n1, b1, ...]`` layout (any block shape)."""
+    if x.dim() == 0:
+        return _apply_interleaved(x.reshape(1), (1,), fn).reshape(())
     shape = x.shape
     pads = [(-dim) % b for dim, b in zip(shape, block)]
     if any(pads):
@@ -94,7 +115,7 @@ def block_statistics(x: torch.Tensor, block: Sequence[int], statistic: BlockFn) 
         found.append(statistic(blocked, dims))
         return blocked
 
-    apply_blockwise(x, block, record)
+    _apply_interleaved(x, block, record)
     return found[0].reshape(found[0].shape[0::2])  # [n0, 1, n1, 1, ...] -> [n0, n1, ...]
 
 
