@@ -126,17 +126,17 @@ class FormatSpec:
 
     def describe(self) -> str:
         """``name(param=value, ...)`` listing only the parameters that differ from their defaults."""
-        defaults = type(self)().params() if self._constructible_by_default() else {}
+        defaults = self._default_params()
         shown = {k: v for k, v in self.params().items() if k in _ALWAYS_SHOWN or defaults.get(k, object()) != v}
         return f"{self.format_name}({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     @classmethod
-    def _constructible_by_default(cls) -> bool:
+    def _default_params(cls) -> dict[str, Any]:
+        """The parameters of a default-constructed spec ({} when the class has no valid defaults)."""
         try:
-            cls()
+            return cls().params()
         except LowbitError:
-            return False
-        return True
+            return {}
 
 
 def saturating_cast(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

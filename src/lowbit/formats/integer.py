@@ -94,9 +94,10 @@ class Integer(FormatSpec):
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         q_min, q_max = self.code_range
         scaled = x * math.ldexp(1.0, self.frac_width)  # a power of two: exact unless it underflows
-        if self.frac_width < 0:
+        if self.frac_width < 0 and not self.rounding.startswith("nearest"):
             # Underflow can flush a tiny nonzero x to zero; keep it nonzero (any value in (0, 1) rounds alike)
-            # so that up / down / away_from_zero still see which side of zero it is on.
+            # so that up / down / away_from_zero / stochastic still see which side of zero it is on (every
+            # nearest mode sends it to 0 either way, so they skip this pass).
             tiny = torch.sign(x) * torch.finfo(x.dtype).tiny
             scaled = torch.where((scaled == 0) & (x != 0), tiny, scaled)
         codes = round_to_integer(scaled, self.rounding, generator).clamp(q_min, q_max)
