@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 BACKENDS = ("auto", "eager", "compiled")
 AUTO_MIN_ELEMENTS = 1 << 18
-_KernelKey = tuple[object, torch.dtype, int, torch.dtype]
+_KernelKey = tuple[object, torch.dtype, int]
 
 _state = {"backend": None, "broken": False}
 _kernels: dict[_KernelKey, Callable[[torch.Tensor], torch.Tensor]] = {}
@@ -72,12 +72,12 @@ def wants_compiled(spec: FormatSpec, x: torch.Tensor) -> bool:
     return backend == "compiled" or x.numel() >= AUTO_MIN_ELEMENTS
 
 
-def run(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """``spec._quantize_for(x, generator, out_dtype)`` on the backend in force (x float32 / float64, non-empty)."""
+def run(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """``spec._quantize_in_dtype(x, generator)`` on the backend in force (x floating point, non-empty)."""
     if not wants_compiled(spec, x):
-        return spec._quantize_for(x, generator, out_dtype)
+        return spec._quantize_in_dtype(x, generator)
     try:
-        return kernel(spec, x.dtype, x.dim(), out_dtype)(_dynamic(x))
+        return kernel(spec, x.dtype, x.dim())(_dynamic(x))
     except Exception as error:  # a missing compiler or an Inductor failure: fall back once, loudly
         _state["broken"] = True
         warnings.warn(
@@ -86,7 +86,7 @@ def run(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None, ou
             RuntimeWarning,
             stacklevel=3,
         )
-        return spec._quantize_for(x, generator, out_dtype)
+        return spec._quantize_in_dtype(x, generator)
 
 
 def _dynamic(x: torch.Tensor) -> torch.Tensor:
@@ -97,16 +97,14 @@ def _dynamic(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def kernel(
-    spec: FormatSpec, dtype: torch.dtype, rank: int, out_dtype: torch.dtype | None = None
-) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The compiled quantizer for (spec, compute dtype, rank, output dtype), built on first use."""
-    out_dtype = dtype if out_dtype is None else out_dtype
-    key = (spec, dtype, rank, out_dtype)
+def kernel(spec: FormatSpec, dtype: torch.dtype, rank: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The compiled quantizer for (spec, input dtype, rank), built on first use; it does the up-cast of
+    half types, the quantization and the saturating cast back in one fused pass."""
+    key = (spec, dtype, rank)
     with _lock:
         compiled = _kernels.get(key)
         if compiled is None:
-            compiled = torch.compile(_quantizer_function(spec, out_dtype), fullgraph=True, options=_INDUCTOR_OPTIONS)
+            compiled = torch.compile(_quantizer_function(spec), fullgraph=True, options=_INDUCTOR_OPTIONS)
             _kernels[key] = compiled
     return compiled
 
@@ -118,7 +116,7 @@ def clear_cache() -> None:
         _state["broken"] = False
 
 
-def _quantizer_function(spec: FormatSpec, out_dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+def _quantizer_function(spec: FormatSpec) -> Callable[[torch.Tensor], torch.Tensor]:
     """A function quantizing with one spec, with a code object of its own.
 
     torch.compile keeps its compiled graphs per code object and recompiles (up to a small limit) when a
@@ -127,7 +125,7 @@ def _quantizer_function(spec: FormatSpec, out_dtype: torch.dtype) -> Callable[[t
     """
 
     def quantize(x: torch.Tensor) -> torch.Tensor:
-        return spec._quantize_for(x, None, out_dtype)
+        return spec._quantize_in_dtype(x, None)
 
     name = f"lowbit_{spec.format_name}_{next(_serial)}"
     code = quantize.__code__.replace(co_name=name, co_qualname=name)

@@ -87,12 +87,15 @@ class FormatSpec:
         check_tensor(x)
         if x.numel() == 0:
             return x.detach().clone()
-        work = x if x.dtype in (torch.float32, torch.float64) else x.float()
         with torch.no_grad():
-            out = backend.run(self, work.detach(), generator, x.dtype)
-            if out.dtype != x.dtype:
-                out = saturating_cast(out, x.dtype)
-        return out
+            return backend.run(self, x.detach(), generator)
+
+    def _quantize_in_dtype(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """Up-cast half types to float32, quantize, and cast back (saturating): the whole job, one function,
+        so the compiled path fuses the casts into its single pass."""
+        work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+        out = self._quantize_for(work, generator, x.dtype)
+        return out if out.dtype == x.dtype else saturating_cast(out, x.dtype)
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         raise NotImplementedError
