@@ -9,12 +9,17 @@ from pathlib import Path
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, fsync it, then rename it over ``path``."""
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over ``path``."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, target)

@@ -1,0 +1,19 @@
+"""Graph capture (torch.fx), MASE-style metadata and the passes that analyse and quantize a model.
+
+Every pass is ``pass(graph, pass_args) -> (graph, info)`` and never changes the caller's pass_args.
+"""
+
+from lowbit.graph.mase_ops import classify
+from lowbit.graph.metadata import (
+    MaseMetadata, add_common_metadata_analysis_pass, add_software_metadata_analysis_pass, init_metadata_analysis_pass,
+)  # fmt: skip
+from lowbit.graph.module_swap import quantize_module_transform_pass
+from lowbit.graph.qgraph import GraphError, MaseGraph, QGraph
+from lowbit.graph.quantize import quantize_transform_pass
+from lowbit.graph.summary import summarize_quantization_analysis_pass
+
+__all__ = [
+    "GraphError", "MaseGraph", "MaseMetadata", "add_common_metadata_analysis_pass",
+    "add_software_metadata_analysis_pass", "init_metadata_analysis_pass", "QGraph", "classify", "quantize_module_transform_pass", "quantize_transform_pass",
+    "summarize_quantization_analysis_pass",
+]  # fmt: skip

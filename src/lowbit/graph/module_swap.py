@@ -1,0 +1,76 @@
+"""``quantize_module_transform_pass``: quantize a model without tracing it, by swapping modules in place.
+
+For models torch.fx cannot capture (Hugging Face transformers, data-dependent control flow). It takes the
+same pass_args as :func:`quantize_transform_pass`, with module keys: ``by="type"`` keys are mase_op names
+(``linear``, ``layer_norm``, ...), ``by="name"`` keys are qualified module names as ``named_modules()``
+gives them (``encoder.layer.0.attention.self.query``), ``by="regex_name"`` keys are regexes fully matched
+against those names. Only module ops can be reached this way (functions called inside a module's forward
+stay float). Every config is validated before the first module is swapped.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from torch import nn
+
+from lowbit.errors import ConfigError
+from lowbit.graph.mase_ops import _classify_module
+from lowbit.graph.quantize import replace_module
+from lowbit.graph.select import Selector
+from lowbit.nn.config import parse_node_config
+from lowbit.nn.modules import MODULE_FOR_OP, QuantModule
+
+
+def quantize_module_transform_pass(model: nn.Module, pass_args: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
+    """Swap the selected modules of ``model`` (in place) for quantized copies; returns (model, info)."""
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"quantize_module_transform_pass needs an nn.Module, got {type(model).__name__}")
+    candidates = _candidates(model)
+    all_names = [name for name, _ in model.named_modules() if name]
+    selector = Selector(pass_args, all_names, "module name of this model")
+    plan, skipped = [], []
+    for name, module, op in candidates:
+        key, config = selector.config_for(op, name)
+        formats = parse_node_config(op, config, f"module {name!r} ({op}, config {key!r})") if config else None
+        if formats is None:
+            skipped.append(name)
+        else:
+            plan.append((name, module, op, formats))
+    _check_named_modules_exist(selector, candidates)
+    for name, module, op, formats in plan:
+        replace_module(model, name, MODULE_FOR_OP[op].from_float(module, formats))
+    counts = Counter(op for _, _, op, _ in plan)
+    return model, {"quantized": [name for name, *_ in plan], "skipped": skipped, "counts": dict(counts)}
+
+
+def _candidates(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """(qualified name, module, mase_op) of every module a quantized module exists for."""
+    found = []
+    for name, module in model.named_modules():
+        if not name:
+            continue
+        op = _classify_module(module).mase_op
+        if op in MODULE_FOR_OP and isinstance(module, MODULE_FOR_OP[op].float_class):
+            if isinstance(module, QuantModule) or type(module) is MODULE_FOR_OP[op].float_class or _plain(module):
+                found.append((name, module, op))
+    return found
+
+
+def _plain(module: nn.Module) -> bool:
+    """A subclass of a torch module that does not override ``forward`` computes the same op: swappable."""
+    for cls in type(module).__mro__:
+        if "forward" in vars(cls):
+            return cls.__module__.startswith("torch.nn")
+    return False
+
+
+def _check_named_modules_exist(selector: Selector, candidates: list[tuple[str, nn.Module, str]]) -> None:
+    if selector.by != "name":
+        return
+    names = {name for name, _, _ in candidates}
+    for key in selector.entries:
+        if key not in names:
+            raise ConfigError(f"module {key!r} has no quantized counterpart (quantizable module types: "
+                              f"{', '.join(cls.float_class.__name__ for cls in MODULE_FOR_OP.values())})")  # fmt: skip

@@ -1,0 +1,95 @@
+"""Which config applies to which node or module: MASE's ``by`` = "type" / "name" / "regex_name".
+
+Shared by the graph pass (keys are mase_op names, fx node names or regexes over node names) and the
+module-swap pass (keys are mase_op names, qualified module names or regexes over them). pass_args are
+read, never changed; every problem is found before anything is rewritten.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from lowbit.errors import ConfigError, did_you_mean
+from lowbit.nn.config import QUANTIZABLE_OPS, is_none
+
+BY_MODES = ("type", "name", "regex_name")
+# Top-level keys that are not selectors. "report" is accepted (MASE's TOML has it) and does nothing: the
+# summary is its own pass.
+_RESERVED = ("by", "default", "report")
+
+
+class Selector:
+    """Resolved pass_args: ``config_for(op, name)`` gives the config dict for one candidate, or None."""
+
+    def __init__(self, pass_args: Mapping[str, Any], names: Iterable[str], what: str) -> None:
+        if not isinstance(pass_args, Mapping):
+            raise ConfigError(f"pass_args must be a dict, got {type(pass_args).__name__}")
+        self.by = _check_by(pass_args)
+        self.what = what
+        self.default = _entry_config(pass_args, "default") if "default" in pass_args else None
+        self.entries = {key: _entry_config(pass_args, key) for key in pass_args if key not in _RESERVED}
+        self.patterns = _compile_patterns(self.entries) if self.by == "regex_name" else {}
+        self._check_keys(list(names))
+
+    def _check_keys(self, names: list[str]) -> None:
+        if self.by == "type":
+            valid, kind = list(QUANTIZABLE_OPS), "quantizable op"
+        elif self.by == "name":
+            valid, kind = names, self.what
+        else:
+            return
+        for key in self.entries:
+            if key not in valid:
+                raise ConfigError(f"quantize by {self.by}: {key!r} is not a {kind}{did_you_mean(key, valid)}"
+                                  + ("; quantizable ops: " + ", ".join(QUANTIZABLE_OPS) if self.by == "type" else ""))
+
+    def config_for(self, op: str, name: str) -> tuple[str, dict[str, Any] | None]:
+        """(which key matched, its config) for a candidate; config None when nothing applies or "NA"."""
+        if self.by == "type":
+            key = op if op in self.entries else "default"
+        elif self.by == "name":
+            key = name if name in self.entries else "default"
+        else:
+            key = next((k for k, pattern in self.patterns.items() if pattern.fullmatch(name)), "default")
+        config = self.entries.get(key) if key != "default" else self.default
+        if config is None or is_none(config.get("name")):
+            return key, None
+        return key, config
+
+
+def _check_by(pass_args: Mapping[str, Any]) -> str:
+    if "by" not in pass_args:
+        raise ConfigError(f"pass_args has no 'by' key; legal: {', '.join(BY_MODES)}")
+    by = pass_args["by"]
+    if by not in BY_MODES:
+        raise ConfigError(f"unknown quantize by={by!r}{did_you_mean(str(by), BY_MODES)}; legal: {', '.join(BY_MODES)}")
+    return by
+
+
+def _entry_config(pass_args: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """The ``config`` table of one entry (``{"config": {...}}`` as MASE writes it)."""
+    entry = pass_args[key]
+    if not isinstance(entry, Mapping) or "config" not in entry:
+        raise ConfigError(f"pass_args[{key!r}] must be a table with a 'config' key, e.g. "
+                          f"{{'config': {{'name': 'integer', ...}}}}, got {entry!r}")  # fmt: skip
+    extra = [k for k in entry if k != "config"]
+    if extra:
+        raise ConfigError(f"pass_args[{key!r}] has unknown key {extra[0]!r}{did_you_mean(extra[0], ['config'])}")
+    config = entry["config"]
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"pass_args[{key!r}]['config'] must be a table, got {type(config).__name__}")
+    if "name" not in config:
+        raise ConfigError(f"pass_args[{key!r}]['config'] has no 'name' key (a format name, or \"NA\")")
+    return dict(config)
+
+
+def _compile_patterns(entries: Mapping[str, Any]) -> dict[str, re.Pattern[str]]:
+    patterns = {}
+    for key in entries:
+        try:
+            patterns[key] = re.compile(key)
+        except re.error as error:
+            raise ConfigError(f"quantize by regex_name: {key!r} is not a valid regular expression ({error})") from None
+    return patterns
