@@ -214,3 +214,16 @@ def test_summary_table_and_csv(tmp_path):
     assert len(table) == 1 + 7  # size, view and the five blocks
     histogram = (tmp_path / "quantize_histogram.csv").read_text().splitlines()
     assert "Linear,3,3,0" in histogram and "ReLU,2,0,2" in histogram
+
+
+def test_quantize_after_init_metadata_only_and_then_verify():
+    from lowbit.graph import verify_common_metadata_analysis_pass
+
+    graph, _ = init_metadata_analysis_pass(_toy_graph(), {})
+    graph, info = quantize_transform_pass(graph, {"by": "type", "linear": {"config": TOY_LINEAR}})
+    assert info["counts"] == {"linear": 3}
+    graph, _ = add_common_metadata_analysis_pass(graph, {"dummy_in": {"x": torch.randn(2, 1, 2, 2)}})
+    graph, checked = verify_common_metadata_analysis_pass(graph)
+    assert checked["checked"] == 9
+    weight = graph.node("seq_blocks_2").meta["mase"].parameters["common"]["args"]["weight"]
+    assert (weight["type"], weight["precision"], weight["shape"]) == ("integer", [6, 4], [100, 100])

@@ -119,8 +119,10 @@ def replace_module(root: nn.Module, qualified_name: str, new: nn.Module) -> None
 
 
 def _record(node: fx.Node, formats: RoleFormats) -> None:
-    """Write each quantized role's format and precision into the node's metadata (when it has some)."""
-    if "mase" not in node.meta:
+    """Write each quantized role's format and precision into the node's metadata (when the common metadata
+    pass has recorded its args; after init_metadata alone there is nothing to update)."""
+    parameters = getattr(node.meta.get("mase"), "parameters", None)
+    if not isinstance(parameters, dict) or "args" not in parameters.get("common", {}):
         return
     from lowbit.graph.metadata import record_formats
 
