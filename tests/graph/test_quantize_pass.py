@@ -227,3 +227,27 @@ def test_quantize_after_init_metadata_only_and_then_verify():
     assert checked["checked"] == 9
     weight = graph.node("seq_blocks_2").meta["mase"].parameters["common"]["args"]["weight"]
     assert (weight["type"], weight["precision"], weight["shape"]) == ("integer", [6, 4], [100, 100])
+
+
+FORMAT_NAMES = sorted({lowbit.get_format(name).format_name for name in lowbit.list_formats()})
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+def test_every_format_through_the_pass_on_a_small_conv_net(name):
+    torch.manual_seed(4)
+    model = ConvNet()
+    config = {"name": name, "data_in_name": name, "weight_name": name, "bias_name": name}
+    graph, info = quantize_transform_pass(QGraph(model), {"by": "type", "conv2d": {"config": config},
+                                                          "linear": {"config": config}})  # fmt: skip
+    assert info["counts"] == {"conv2d": 1, "linear": 1}
+    assert isinstance(graph.model.conv, QuantConv2d) and isinstance(graph.model.fc, QuantLinear)
+    q = lowbit.get_format(name)()
+    x = torch.randn(2, 1, 8, 8, requires_grad=True)
+    out = graph.model(x)
+    hidden = F.relu(F.conv2d(q(x.detach()), q(model.conv.weight), q(model.conv.bias), padding=1))
+    expected = F.linear(q(hidden.flatten(1)), q(model.fc.weight), q(model.fc.bias))
+    assert torch.equal(out.detach(), expected.detach())
+    out.square().sum().backward()
+    for parameter in graph.model.parameters():
+        assert parameter.grad is not None and torch.isfinite(parameter.grad).all()
+    assert torch.isfinite(x.grad).all() and x.grad.shape == x.shape
