@@ -14,11 +14,17 @@ from lowbit.graph.verify import verify_common_metadata_analysis_pass
 from lowbit.graph.module_swap import quantize_module_transform_pass
 from lowbit.graph.qgraph import GraphError, MaseGraph, QGraph
 from lowbit.graph.quantize import quantize_transform_pass
+from lowbit.graph.save_load import (
+    load_graph, load_mase_graph_interface_pass, save_graph, save_mase_graph_interface_pass,
+    save_node_meta_param_interface_pass,
+)  # fmt: skip
 from lowbit.graph.summary import summarize_quantization_analysis_pass
 
 __all__ = [
     "GraphError", "MaseGraph", "MaseMetadata", "add_common_metadata_analysis_pass",
     "add_software_metadata_analysis_pass", "init_metadata_analysis_pass", "QGraph", "classify", "quantize_module_transform_pass", "quantize_transform_pass",
     "report_node_meta_param_analysis_pass", "report_node_shape_analysis_pass", "report_node_type_analysis_pass",
-    "summarize_quantization_analysis_pass", "verify_common_metadata_analysis_pass",
+    "summarize_quantization_analysis_pass", "verify_common_metadata_analysis_pass", "load_graph",
+    "load_mase_graph_interface_pass", "save_graph", "save_mase_graph_interface_pass",
+    "save_node_meta_param_interface_pass",
 ]  # fmt: skip

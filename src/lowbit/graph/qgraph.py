@@ -28,7 +28,7 @@ _OP_OF_FUNCTION = {function: op.replace("batch_norm2d", "batch_norm") for op, fu
 
 
 class _Tracer(fx.Tracer):
-    def __init__(self, leaf_modules: tuple[type[nn.Module], ...]):
+    def __init__(self, leaf_modules: tuple[type[nn.Module], ...] = ()):  # no-argument form: fx re-creates it
         super().__init__(autowrap_modules=(math,), autowrap_functions=QUANT_FUNCTIONS)
         self._leaf_modules = leaf_modules
 

@@ -1,0 +1,412 @@
+"""Save a (quantized) QGraph to a directory and load it back, without pickle unless asked.
+
+A saved graph is three files, written atomically (temporary file, fsync, rename), ``graph.json`` last:
+
+- ``state.safetensors``: every parameter and buffer of the GraphModule by qualified name.
+- ``node_meta.toml``: ``{node_name: node.meta["mase"].parameters}`` (None written as MASE's "NA").
+- ``graph.json``: ``{"schema": "lowbit.graph", "version": 1, ...}`` with the fx nodes, the constructor
+  arguments of every module (plus lowbit formats), how each tensor is held, and the SHA-256 of the other
+  files, so a half-replaced or truncated save is refused instead of loading a wrong model.
+
+Loading rebuilds modules only from torch.nn / lowbit.nn and functions only from an allowlist (see
+:mod:`lowbit.graph._serialize`). A graph with a custom module class can be saved with ``allow_pickle=True``
+(adds ``graph_module.pt``); loading that needs ``trust_pickle=True``, since unpickling runs arbitrary code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import io
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from lowbit._io import atomic_write_bytes, atomic_write_text
+from lowbit.errors import LowbitError
+from lowbit.graph._serialize import (
+    GraphFileError, NotPortable, check_path, decode_modules, decode_nodes, encode_modules, encode_node,
+    saveable_path,
+)  # fmt: skip
+from lowbit.graph.metadata import REQUIRED, MaseMetadata, read_pass_args
+from lowbit.graph.qgraph import GraphError, QGraph
+from lowbit.nn.functional import QUANT_FUNCTIONS
+from lowbit.nn.modules import QuantModule
+
+SCHEMA, VERSION = "lowbit.graph", 1
+GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE = "graph.json", "state.safetensors", "node_meta.toml", "graph_module.pt"
+
+
+# ---- public API -----------------------------------------------------------------------------------------
+def save_graph(graph: QGraph | fx.GraphModule, directory: str | os.PathLike, *,
+               allow_pickle: bool = False) -> list[Path]:  # fmt: skip
+    """Write ``graph`` to ``directory``; returns the files written. Raises NotPortable naming the module /
+    function that has no pickle-free form, unless ``allow_pickle`` lets it pickle the GraphModule instead."""
+    gm, directory = _graph_module(graph), Path(directory)
+    state, tensors = _collect_state(gm)
+    # everything is serialized before the first write, so a failure leaves an earlier save intact
+    payloads = {STATE_FILE: _safetensors_bytes(state), META_FILE: node_meta_toml(gm).encode()}
+    training = [path for path, module in gm.named_modules(remove_duplicate=False) if module.training]
+    doc: dict[str, Any] = {"schema": SCHEMA, "version": VERSION, "format": "fx", "class_name": type(gm).__name__,
+                           "training": training}  # fmt: skip
+    try:
+        doc["nodes"], doc["modules"] = _encode_nodes(gm.graph), encode_modules(gm)
+    except NotPortable as error:
+        if not allow_pickle:
+            raise NotPortable(f"{error}. Save with allow_pickle=True to pickle the GraphModule instead "
+                              "(loading it then needs trust_pickle=True)") from None  # fmt: skip
+        payloads[PICKLE_FILE] = _pickle_bytes(gm)
+        doc.update(format="pickle", pickle_reason=str(error), node_names=[n.name for n in gm.graph.nodes])
+    doc["tensors"] = tensors
+    doc["files"] = {name: hashlib.sha256(data).hexdigest() for name, data in payloads.items()}
+    for name, data in payloads.items():
+        atomic_write_bytes(directory / name, data)
+    atomic_write_text(directory / GRAPH_FILE, json.dumps(doc, indent=1))  # last: it commits the save
+    if PICKLE_FILE not in payloads:
+        (directory / PICKLE_FILE).unlink(missing_ok=True)  # stale from an earlier pickled save
+    return [directory / name for name in (*payloads, GRAPH_FILE)]
+
+
+def load_graph(directory: str | os.PathLike, trust_pickle: bool = False) -> QGraph:
+    """The QGraph saved in ``directory`` (tensors on the CPU). Missing, corrupt or tampered files and
+    non-allowlisted classes or functions raise GraphFileError (a LowbitError) naming the file."""
+    directory = Path(directory)
+    doc = _read_doc(directory / GRAPH_FILE)
+    data = {name: _read_checked(directory / name, digest) for name, digest in doc["files"].items()}
+    with _about(directory / STATE_FILE):  # a safetensors error here means a bad header or sizes
+        state = _require("safetensors.torch").load(data[STATE_FILE])
+    if doc["format"] == "pickle":
+        gm = _unpickle(directory, doc, data[PICKLE_FILE], trust_pickle)
+        with _about(directory / GRAPH_FILE):
+            _place_state(gm, state, doc["tensors"])
+    else:
+        with _about(directory / GRAPH_FILE):
+            tree = decode_modules(doc["modules"])
+            _place_state(tree, state, doc["tensors"])
+            gm = _assemble(tree, decode_nodes(doc["nodes"]), doc.get("class_name"))
+    with _about(directory / GRAPH_FILE):
+        training = set(doc["training"])
+        for path, module in gm.named_modules(remove_duplicate=False):
+            module.training = path in training
+    with _about(directory / META_FILE):
+        _restore_meta(gm, data[META_FILE])
+    return QGraph(gm)
+
+
+def node_meta_toml(graph: QGraph | fx.GraphModule) -> str:
+    """``{node_name: parameters}`` as TOML for every node with ``node.meta["mase"]``."""
+    tomli_w = _require("tomli_w")
+    table = {node.name: _meta_to_toml(params) for node in _graph_module(graph).graph.nodes
+             if (params := _node_parameters(node)) is not None}  # fmt: skip
+    return tomli_w.dumps(table)
+
+
+# ---- MASE-named passes ----------------------------------------------------------------------------------
+def save_mase_graph_interface_pass(graph: QGraph, pass_args: Mapping[str, Any] | str | None = None):
+    """MASE's pass: ``pass_args = {"save_dir": ..., "allow_pickle": False}`` -> ``(graph, {"files": [...]})``."""
+    args = _pass_args("save_mase_graph_interface_pass", pass_args, {"save_dir": REQUIRED, "allow_pickle": False})
+    files = save_graph(graph, args["save_dir"], allow_pickle=bool(args["allow_pickle"]))
+    return graph, {"files": [str(path) for path in files]}
+
+
+def load_mase_graph_interface_pass(graph: QGraph | None = None, pass_args: Mapping[str, Any] | str | None = None):
+    """MASE's pass: ``pass_args = {"load_dir": ..., "trust_pickle": False}`` -> ``(graph, {})``. With a
+    QGraph, its ``model`` is replaced by the loaded one (MASE loads into the graph it is given); with None, a
+    new QGraph is returned."""
+    args = _pass_args("load_mase_graph_interface_pass", pass_args, {"load_dir": REQUIRED, "trust_pickle": False})
+    if isinstance(graph, tuple):
+        raise GraphError("load_mase_graph_interface_pass got a tuple: passes return (graph, info), pass the graph")
+    if graph is not None and not isinstance(graph, QGraph):
+        raise GraphError(f"load_mase_graph_interface_pass needs a QGraph or None, got {type(graph).__name__}")
+    loaded = load_graph(args["load_dir"], trust_pickle=bool(args["trust_pickle"]))
+    if graph is None:
+        return loaded, {}
+    graph.model = loaded.model
+    return graph, {}
+
+
+def save_node_meta_param_interface_pass(graph: QGraph, pass_args: Mapping[str, Any] | str | None = None):
+    """MASE's pass: writes ``{node_name: parameters}`` to ``pass_args["save_path"]`` -> ``(graph, {})``."""
+    args = _pass_args("save_node_meta_param_interface_pass", pass_args, {"save_path": REQUIRED})
+    atomic_write_text(args["save_path"], node_meta_toml(graph))
+    return graph, {}
+
+
+def _pass_args(pass_name: str, given: Any, defaults: dict[str, Any]) -> dict[str, Any]:
+    """A fresh dict of the pass's arguments; a bare path stands for the first key (MASE's older form)."""
+    if isinstance(given, (str, os.PathLike)):
+        given = {next(iter(defaults)): given}
+    return read_pass_args(pass_name, given, defaults)
+
+
+# ---- saving helpers -------------------------------------------------------------------------------------
+def _graph_module(graph: Any) -> fx.GraphModule:
+    model = graph.model if isinstance(graph, QGraph) else graph
+    if not isinstance(model, fx.GraphModule):
+        raise GraphError(f"expected a QGraph or fx.GraphModule, got {type(graph).__name__}")
+    return model
+
+
+def _encode_nodes(graph: fx.Graph) -> list[dict[str, Any]]:
+    nodes = [encode_node(node) for node in graph.nodes]
+    try:  # decode what will be written, so a graph that would not load is caught now
+        decoded = decode_nodes(json.loads(json.dumps(nodes)))
+    except GraphFileError as error:
+        raise NotPortable(str(error)) from None
+    if [encode_node(node) for node in decoded.nodes] != nodes:
+        raise NotPortable("the graph does not survive a JSON round trip")
+    return nodes
+
+
+def _named_tensors(root: nn.Module) -> Iterator[tuple[str, torch.Tensor, dict[str, Any]]]:
+    """Every parameter and buffer with how it is held; a shared one under each of its names."""
+    for prefix, module in root.named_modules(remove_duplicate=False):
+        dot = f"{prefix}." if prefix else ""
+        for name, tensor in module._parameters.items():
+            if tensor is not None:
+                yield dot + name, tensor, {"kind": "parameter", "requires_grad": tensor.requires_grad}
+        for name, tensor in module._buffers.items():
+            if tensor is not None:
+                persistent = name not in module._non_persistent_buffers_set
+                yield dot + name, tensor, {"kind": "buffer", "persistent": persistent}
+
+
+def _collect_state(gm: fx.GraphModule) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The tensors to write (one per distinct tensor) and the table of every name (aliases as same_as)."""
+    state, table, first, storages = {}, {}, {}, set()
+    for name, tensor, entry in _named_tensors(gm):
+        saveable_path(name, "tensor")
+        if id(tensor) in first:
+            entry["same_as"] = first[id(tensor)]
+        else:
+            first[id(tensor)] = name
+            data = tensor.detach().cpu().contiguous()
+            if data.numel() and data.untyped_storage().data_ptr() in storages:
+                data = data.clone()  # safetensors refuses tensors that share memory (views of one another)
+            storages.add(data.untyped_storage().data_ptr())
+            state[name] = data
+        table[name] = entry
+    return state, table
+
+
+def _safetensors_bytes(state: dict[str, torch.Tensor]) -> bytes:
+    safetensors_torch = _require("safetensors.torch")
+    try:
+        return safetensors_torch.save(state, metadata={"format": "pt"})
+    except Exception as error:  # e.g. a dtype safetensors has no code for
+        raise GraphError(f"cannot write {STATE_FILE}: {error}") from None
+
+
+class _PickleTracer(fx.Tracer):
+    # fx re-traces a pickled GraphModule's code with this class: quantized functions must stay single nodes
+    # (as in QGraph's tracer), and it must take no constructor arguments (QGraph's tracer does)
+    def __init__(self) -> None:
+        super().__init__(autowrap_modules=(math,), autowrap_functions=QUANT_FUNCTIONS)
+
+    def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
+        return isinstance(module, QuantModule) or super().is_leaf_module(module, qualified_name)
+
+
+def _pickle_bytes(gm: fx.GraphModule) -> bytes:
+    saved, gm._tracer_cls = gm._tracer_cls, _PickleTracer
+    try:
+        buffer = io.BytesIO()
+        torch.save(gm, buffer)
+        return buffer.getvalue()
+    except Exception as error:  # pickle raises many types for objects it cannot handle
+        raise NotPortable(f"the GraphModule cannot be pickled either: {error}") from None
+    finally:
+        gm._tracer_cls = saved
+
+
+def _node_parameters(node: fx.Node) -> dict[str, Any] | None:
+    """``node.meta["mase"].parameters`` (or a plain dict stored there), None when absent."""
+    meta = node.meta.get("mase")
+    parameters = getattr(meta, "parameters", meta)
+    return parameters if isinstance(parameters, dict) else None
+
+
+def _meta_to_toml(value: Any) -> Any:
+    """A TOML-writable copy: None -> "NA" (MASE's marker), tensors/arrays -> shape and dtype, not values."""
+    if value is None:
+        return "NA"
+    if isinstance(value, (bool, float, str)):
+        return value
+    if isinstance(value, int):
+        return value if -(2**63) <= value < 2**63 else str(value)  # TOML integers are 64-bit
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+    if isinstance(value, dict):
+        return {str(key): _meta_to_toml(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_meta_to_toml(item) for item in value]
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):  # numpy scalars
+        return _meta_to_toml(value.item())
+    return str(value)
+
+
+# ---- loading helpers ------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _about(path: Path) -> Iterator[None]:
+    """Re-raise a failure while reading ``path`` as a GraphFileError naming it: a user sees which file is
+    bad, never a traceback from deep inside torch or json."""
+    try:
+        yield
+    except GraphFileError as error:
+        raise GraphFileError(f"{path}: {error}") from None
+    except LowbitError:
+        raise
+    except Exception as error:  # anything else means the file's content is not what a save writes
+        raise GraphFileError(f"{path} is malformed ({type(error).__name__}: {error})") from error
+
+
+def _read_doc(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise GraphFileError(f"{path} is missing: {path.parent} is not a graph saved by lowbit's save_graph")
+    try:
+        doc = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise GraphFileError(f"{path} is not valid JSON (truncated or corrupted?): {error}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise GraphFileError(f"{path} is not a lowbit graph file (schema must be {SCHEMA!r})")
+    if doc.get("version") != VERSION:
+        raise GraphFileError(f"{path} has schema version {doc.get('version')!r}; this lowbit reads version {VERSION}")
+    files, fmt = doc.get("files"), doc.get("format")
+    wanted = {STATE_FILE, META_FILE} | ({PICKLE_FILE} if fmt == "pickle" else set())
+    if fmt not in ("fx", "pickle") or not isinstance(files, dict) or set(files) != wanted:
+        raise GraphFileError(f"{path}: bad 'format' or 'files' entry (expected files: {', '.join(sorted(wanted))})")
+    return doc
+
+
+def _read_checked(path: Path, digest: Any) -> bytes:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise GraphFileError(f"{path} is missing (graph.json lists it)") from None
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise GraphFileError(f"{path} does not match its checksum in graph.json: it is truncated, corrupted "
+                             "or from another save")  # fmt: skip
+    return data
+
+
+def _unpickle(directory: Path, doc: dict[str, Any], data: bytes, trust_pickle: bool) -> fx.GraphModule:
+    path = directory / PICKLE_FILE
+    if not trust_pickle:
+        raise LowbitError(
+            f"{path} is a pickled GraphModule (saved with allow_pickle=True because: {doc.get('pickle_reason')}). "
+            "Unpickling runs whatever code the file names, so load_graph reads it only with trust_pickle=True; "
+            "pass that only for files you made or trust."
+        )
+    try:
+        gm = torch.load(io.BytesIO(data), weights_only=False)
+    except Exception as error:  # unpickling can fail with any exception type
+        raise GraphFileError(f"{path} cannot be unpickled: {error}") from None
+    if not isinstance(gm, fx.GraphModule) or [n.name for n in gm.graph.nodes] != doc.get("node_names"):
+        raise GraphFileError(f"{path} does not hold the GraphModule that graph.json describes")
+    return gm
+
+
+def _place_state(root: nn.Module, state: dict[str, torch.Tensor], table: Any) -> None:
+    """Put every loaded tensor in place, strictly: a tensor missing from the file, one the file has but
+    the model does not, or one whose shape differs from what its module was built with is an error."""
+    if not isinstance(table, dict) or any(not isinstance(entry, dict) for entry in table.values()):
+        raise GraphFileError("'tensors' must map names to entries")
+    saved = [name for name, entry in table.items() if "same_as" not in entry]
+    for name in saved:
+        if name not in state:
+            raise GraphFileError(f"tensor {name!r} is missing from {STATE_FILE}")
+    for name in set(state) - set(saved):
+        raise GraphFileError(f"{STATE_FILE} holds unexpected tensor {name!r}")
+    for name, _, _ in _named_tensors(root):
+        if name not in table:
+            raise GraphFileError(f"tensor {name!r} of the rebuilt model is missing from {STATE_FILE}")
+    made: dict[str, torch.Tensor] = {}
+    for name, entry in table.items():
+        _place(root, name, entry, state, made)
+
+
+def _place(root: nn.Module, name: str, entry: dict[str, Any], state: dict[str, torch.Tensor], made: dict) -> None:
+    prefix, _, attr = check_path(name, "tensor").rpartition(".")
+    try:
+        owner = root.get_submodule(prefix)
+        if "same_as" in entry:
+            value = made[entry["same_as"]]
+        else:
+            value, old = state[name], getattr(owner, attr, None)
+            if isinstance(old, torch.Tensor) and old.shape != value.shape:
+                raise GraphFileError(f"tensor {name!r} has shape {list(value.shape)} in {STATE_FILE}, but the "
+                                     f"rebuilt {type(owner).__name__} expects {list(old.shape)}")  # fmt: skip
+            if entry.get("kind") == "parameter":
+                value = nn.Parameter(value, requires_grad=bool(entry.get("requires_grad", True)))
+            made[name] = value
+        if entry.get("kind") == "parameter":
+            setattr(owner, attr, value)  # setattr, not register_*: modules such as RNNs track their weights there
+        elif entry.get("kind") == "buffer":
+            if attr in owner._buffers:
+                setattr(owner, attr, value)
+            owner.register_buffer(attr, value, persistent=bool(entry.get("persistent", True)))
+        else:
+            raise GraphFileError(f"tensor {name!r}: kind must be 'parameter' or 'buffer'")
+    except (AttributeError, KeyError, TypeError, RuntimeError) as error:
+        raise GraphFileError(f"tensor {name!r} cannot be put in place: {error}") from None
+
+
+def _assemble(tree: nn.Module, graph: fx.Graph, class_name: Any) -> fx.GraphModule:
+    name = class_name if isinstance(class_name, str) and class_name.isidentifier() else "GraphModule"
+    try:
+        gm = fx.GraphModule(tree, graph, name)
+    except (AttributeError, RuntimeError) as error:
+        raise GraphFileError(f"a node targets something that is not saved: {error}") from None
+    # GraphModule copies only what nodes name, with plain Modules in between: give it the whole saved tree
+    for child_name, child in tree.named_children():
+        setattr(gm, child_name, child)
+    for tensor_name, tensor in tree._parameters.items():
+        gm.register_parameter(tensor_name, tensor)
+    for tensor_name, tensor in tree._buffers.items():
+        gm.register_buffer(tensor_name, tensor, persistent=tensor_name not in tree._non_persistent_buffers_set)
+    for node in graph.nodes:  # get_submodule raises for a call_module target that is not a module
+        if node.op == "call_module":
+            gm.get_submodule(node.target)
+    return gm
+
+
+def _restore_meta(gm: fx.GraphModule, data: bytes) -> None:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = _require("tomli")
+    nodes = {node.name: node for node in gm.graph.nodes}
+    for name, parameters in tomllib.loads(data.decode()).items():
+        if name not in nodes:
+            raise GraphFileError(f"metadata for node {name!r}, which the graph does not have")
+        meta = nodes[name].meta["mase"] = MaseMetadata(nodes[name], gm)
+        meta.parameters = _meta_from_toml(parameters)
+
+
+def _meta_from_toml(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _meta_from_toml(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_meta_from_toml(item) for item in value]
+    return None if value == "NA" else value
+
+
+def _require(name: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise LowbitError(f"saving and loading graphs needs {name.split('.')[0]}: pip install lowbit[graph]") from None
+
+
+__all__ = [
+    "GRAPH_FILE", "META_FILE", "PICKLE_FILE", "SCHEMA", "STATE_FILE", "VERSION", "GraphFileError", "NotPortable",
+    "load_graph", "load_mase_graph_interface_pass", "node_meta_toml", "save_graph",
+    "save_mase_graph_interface_pass", "save_node_meta_param_interface_pass",
+]  # fmt: skip
