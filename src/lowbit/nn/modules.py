@@ -26,7 +26,9 @@ class QuantModule:
     float_class: ClassVar[type[nn.Module]] = nn.Module
     formats: RoleFormats
 
-    def _init_formats(self, formats: RoleFormats | None) -> None:
+    def __init__(self, *args, formats: RoleFormats | None = None, **kwargs) -> None:
+        # the torch module's own constructor (next in the MRO) takes the usual arguments
+        super().__init__(*args, **kwargs)
         self.formats = RoleFormats() if formats is None else formats
 
     @classmethod
@@ -57,48 +59,30 @@ class QuantLinear(QuantModule, nn.Linear):
     mase_op = "linear"
     float_class = nn.Linear
 
-    def __init__(self, *args, formats: RoleFormats | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_formats(formats)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(self._q("data_in", x), self._q("weight", self.weight), self._q("bias", self.bias))
         return self._q("data_out", out)
 
 
-class QuantConv1d(QuantModule, nn.Conv1d):
+class _QuantConv(QuantModule):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._conv_forward(self._q("data_in", x), self._q("weight", self.weight), self._q("bias", self.bias))
+        return self._q("data_out", out)
+
+
+class QuantConv1d(_QuantConv, nn.Conv1d):
     mase_op = "conv1d"
     float_class = nn.Conv1d
 
-    def __init__(self, *args, formats: RoleFormats | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_formats(formats)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._conv_forward(self._q("data_in", x), self._q("weight", self.weight), self._q("bias", self.bias))
-        return self._q("data_out", out)
-
-
-class QuantConv2d(QuantModule, nn.Conv2d):
+class QuantConv2d(_QuantConv, nn.Conv2d):
     mase_op = "conv2d"
     float_class = nn.Conv2d
-
-    def __init__(self, *args, formats: RoleFormats | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_formats(formats)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._conv_forward(self._q("data_in", x), self._q("weight", self.weight), self._q("bias", self.bias))
-        return self._q("data_out", out)
 
 
 class QuantReLU(QuantModule, nn.ReLU):
     mase_op = "relu"
     float_class = nn.ReLU
-
-    def __init__(self, *args, formats: RoleFormats | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_formats(formats)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # never in place: the quantized input is a new tensor, and the caller's x must not change
@@ -109,10 +93,6 @@ class QuantGELU(QuantModule, nn.GELU):
     mase_op = "gelu"
     float_class = nn.GELU
 
-    def __init__(self, *args, formats: RoleFormats | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_formats(formats)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._q("data_out", F.gelu(self._q("data_in", x), approximate=self.approximate))
 
@@ -121,10 +101,6 @@ class QuantSoftmax(QuantModule, nn.Softmax):
     mase_op = "softmax"
     float_class = nn.Softmax
 
-    def __init__(self, *args, formats: RoleFormats | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_formats(formats)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._q("data_out", F.softmax(self._q("data_in", x), self.dim))
 
@@ -132,10 +108,6 @@ class QuantSoftmax(QuantModule, nn.Softmax):
 class QuantLayerNorm(QuantModule, nn.LayerNorm):
     mase_op = "layer_norm"
     float_class = nn.LayerNorm
-
-    def __init__(self, *args, formats: RoleFormats | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_formats(formats)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.layer_norm(self._q("data_in", x), self.normalized_shape, self._q("weight", self.weight),
@@ -146,10 +118,6 @@ class QuantLayerNorm(QuantModule, nn.LayerNorm):
 class QuantBatchNorm2d(QuantModule, nn.BatchNorm2d):
     mase_op = "batch_norm2d"
     float_class = nn.BatchNorm2d
-
-    def __init__(self, *args, formats: RoleFormats | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_formats(formats)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
@@ -174,10 +142,6 @@ class QuantBatchNorm2d(QuantModule, nn.BatchNorm2d):
 class QuantEmbedding(QuantModule, nn.Embedding):
     mase_op = "embedding"
     float_class = nn.Embedding
-
-    def __init__(self, *args, formats: RoleFormats | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_formats(formats)
 
     def forward(self, indices: torch.Tensor) -> torch.Tensor:
         out = F.embedding(indices, self._q("weight", self.weight), self.padding_idx, self.max_norm,
