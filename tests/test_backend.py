@@ -46,7 +46,7 @@ def test_compiled_equals_eager(name, params):
         actual = [spec(x), spec(x[:5, :33].contiguous())]
     for got, want in zip(actual, expected):
         assert_same(got, want)
-    assert (spec, torch.float32, 2) in backend._kernels  # it really ran compiled
+    assert (spec, torch.float32, 2, torch.float32) in backend._kernels  # it really ran compiled
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,8 @@ def test_compiled_equals_eager(name, params):
     [("q4s", {"block_size": [1, 32], "scale_dtype": "bf16"}, torch.bfloat16),  # output-dtype-dependent kernel
      ("mxfp8_e5m2", {}, torch.float16),  # MX saturates at the output dtype's max
      ("block_minifloat", {"width": 8, "exponent_width": 4}, torch.float64),  # float64 compute
-     ("integer", {"width": 8, "frac_width": 4}, torch.bfloat16)],
+     ("integer", {"width": 8, "frac_width": 4}, torch.bfloat16),
+     ("block_fp", {"width": 6, "exponent_width": 5, "block_size": [1, 16]}, torch.float16)],  # saturates in f16
 )  # fmt: skip
 def test_compiled_equals_eager_other_dtypes(name, params, dtype):
     spec = lowbit.get_format(name)(**params)
@@ -63,8 +64,10 @@ def test_compiled_equals_eager_other_dtypes(name, params, dtype):
     want = spec(x)
     backend.set_backend("compiled")
     assert_same(spec(x), want)
-    # the kernel takes the half-precision tensor itself: up-cast, quantize and down-cast in one pass
-    assert list(backend._kernels) == [(spec, dtype, 2)]
+    # scalar formats take the half-precision tensor itself (up-cast, quantize and down-cast in one pass);
+    # block formats get float32 (see FormatSpec.upcast_before_kernel)
+    kernel_dtype = torch.float32 if spec.upcast_before_kernel and dtype != torch.float64 else dtype
+    assert list(backend._kernels) == [(spec, kernel_dtype, 2, kernel_dtype)]
 
 
 def test_one_kernel_serves_every_shape():

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import torch
 
 from lowbit import backend
+from lowbit.backend import saturating_cast
 from lowbit.errors import FormatError, LowbitError, did_you_mean
 from lowbit.formats.rounding import ROUNDING_MODES, canonical_rounding, make_generator
 from lowbit.formats.ste import straight_through
@@ -32,6 +33,10 @@ class FormatSpec:
     aliases: ClassVar[tuple[str, ...]] = ()
     # Rounding modes this format accepts (a format whose grid is not a scaled integer grid may accept fewer).
     roundings: ClassVar[tuple[str, ...]] = ROUNDING_MODES
+    # Formats with per-block reductions run slower when Inductor's dynamic-shape reduction kernels handle
+    # half types (block_fp on bf16 4096^2: 460 ms fused vs about 200 ms, measured): their compiled kernel
+    # works in float32 and the backend casts around it (see backend._narrowed).
+    upcast_before_kernel: ClassVar[bool] = False
 
     rounding: str = "nearest_even"
 
@@ -90,12 +95,14 @@ class FormatSpec:
         with torch.no_grad():
             return backend.run(self, x.detach(), generator)
 
-    def _quantize_in_dtype(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        """Up-cast half types to float32, quantize, and cast back (saturating): the whole job, one function,
-        so the compiled path fuses the casts into its single pass."""
+    def _quantize_in_dtype(self, x: torch.Tensor, generator: torch.Generator | None,
+                           out_dtype: torch.dtype | None = None) -> torch.Tensor:  # fmt: skip
+        """Up-cast half types to float32, quantize, and cast (saturating) to ``out_dtype`` (default x's
+        dtype): the whole job in one function, so the compiled path fuses the casts into its pass."""
+        out_dtype = x.dtype if out_dtype is None else out_dtype
         work = x if x.dtype in (torch.float32, torch.float64) else x.float()
-        out = self._quantize_for(work, generator, x.dtype)
-        return out if out.dtype == x.dtype else saturating_cast(out, x.dtype)
+        out = self._quantize_for(work, generator, out_dtype)
+        return out if out.dtype == out_dtype else saturating_cast(out, out_dtype)
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         raise NotImplementedError
@@ -142,10 +149,6 @@ class FormatSpec:
             return {}
 
 
-def saturating_cast(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Cast to a narrower float dtype; finite values beyond its range saturate instead of becoming inf."""
-    limit = torch.finfo(dtype).max
-    return torch.where(torch.isfinite(values), values.clamp(-limit, limit), values).to(dtype)
 
 
 # ---- shared parameter checks ----------------------------------------------------------------------------

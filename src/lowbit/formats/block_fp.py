@@ -94,6 +94,8 @@ class BlockFP(FormatSpec):
     ``skip_first_dim`` follow lowbit.formats.blocking (default: runs of 16 along the last dimension).
     """
 
+    upcast_before_kernel = True  # block reductions: see FormatSpec.upcast_before_kernel
+
     format_name = "block_fp"
 
     width: int = 12

@@ -49,6 +49,8 @@ class BlockLog(FormatSpec):
     +-2^e for e in [1 - beta, 2^(W-1) - 1 - beta]. ``log_domain`` as in ``log``.
     """
 
+    upcast_before_kernel = True  # block reductions: see FormatSpec.upcast_before_kernel
+
     format_name = "block_log"
 
     width: int = 8

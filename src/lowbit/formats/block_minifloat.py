@@ -55,6 +55,8 @@ class BlockMinifloat(FormatSpec):
     stays zero.
     """
 
+    upcast_before_kernel = True  # block reductions: see FormatSpec.upcast_before_kernel
+
     format_name = "block_minifloat"
 
     width: int = 8

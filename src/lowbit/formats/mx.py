@@ -131,6 +131,7 @@ def shared_exponent(amax: torch.Tensor, element: MXElement, scale_rule: str = "f
 class _MXFormat(FormatSpec):
     """Shared machinery of the six MX formats; each subclass fixes ``element``."""
 
+
     element: ClassVar[MXElement]
 
     block_size: int = 32
