@@ -348,7 +348,7 @@ def _positional_inputs(model: fx.GraphModule, dummy_in: Mapping[str, Any]) -> li
 
 
 @contextlib.contextmanager
-def _eval_mode(model: nn.Module):
+def eval_mode(model: nn.Module):
     """Analysis must not change the model: eval mode keeps BatchNorm running stats (and dropout) still."""
     modes = {module: module.training for module in model.modules()}
     model.eval()
@@ -378,7 +378,7 @@ def add_common_metadata_analysis_pass(graph: Any, pass_args: Mapping[str, Any] |
     for node in model.graph.nodes:
         kind = classify(node, modules)
         node.meta["mase"]["common"] = {"mase_type": kind.mase_type, "mase_op": kind.mase_op}
-    with _eval_mode(model), torch.no_grad():
+    with eval_mode(model), torch.no_grad():
         _Recorder(model, options["add_value"]).run(*inputs)
     for node in model.graph.nodes:
         formats = node_formats(node, model)

@@ -6,7 +6,8 @@ Which roles an op must and may have is :data:`OP_ROLES`. lowbit additions: ``<ro
 a format of its own ("NA": leave that role in float), any format parameter works per role (e.g.
 ``weight_rounding``), ``bypass`` runs the op in float. MASE keys without a lowbit parameter are mapped:
 ``floor = true`` -> rounding "down" for every role; ``weight_binary_training`` and ``data_in_residual_sign``
-(binary_residual) are accepted for compatibility and change nothing (see docs/mase-compatibility.md).
+(binary_residual) and ``<role>_frac_width`` of ternary / binary are accepted for compatibility and change
+nothing (see docs/mase-compatibility.md).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ _NONE_STRINGS = {"na", "none", ""}
 _TOP_KEYS = ("name", "bypass", "floor")
 # MASE keys that lowbit accepts and ignores, per role: {role: {parameter: why}}.
 _COMPAT_KEYS = {"weight": {"binary_training"}, "data_in": {"residual_sign"}}
+# Keys MASE configs carry for formats that have no such parameter; MASE's parser drops them, so do we (seed
+# 002's ternary ReLU config has ``data_in_frac_width = 0``).
+_IGNORED_FORMAT_KEYS = {"ternary": {"frac_width"}, "binary": {"frac_width"}}
 # Formats with a ``signed`` parameter that MASE quantizes unsigned at a ReLU's input.
 _UNSIGNED_AT_RELU = {"integer", "fixed"}
 
@@ -132,7 +136,7 @@ def _build_role(op: str, role: str, params: dict[str, Any], default_name: str, f
         if is_none(raw):
             return None
         name = _format_name(raw, where, f"{role}_name")
-    for ignored in _COMPAT_KEYS.get(role, ()):
+    for ignored in (*_COMPAT_KEYS.get(role, ()), *_IGNORED_FORMAT_KEYS.get(name, ())):
         params.pop(ignored, None)
     cls = get_format(name)
     known = cls.parameter_names()

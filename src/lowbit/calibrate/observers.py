@@ -1,0 +1,415 @@
+"""Observers: they watch tensors and produce ranges, scales and zero points; they never quantize.
+
+Every observer has one granularity, chosen at construction and shared with the ``affine`` format's
+geometry (``lowbit.formats.blocking.block_shape``): per tensor (default), per channel (``axis=``; ranges
+shaped [channels]) or per ND block (``block_size=``, right-aligned with the shape, -1 = whole dimension;
+ranges shaped [n0, n1, ...], one per block). The statistics are float32 (input is converted, as torch.ao
+does); ``count`` is the number of finite values seen. Non-finite values (NaN, +-inf) are ignored and
+tallied in ``nonfinite_count`` (``nonfinite="ignore"``, the rule of the affine format, whose scales come
+from finite values only), or rejected with ConfigError before any state changes (``nonfinite="error"``).
+A channel or block that has seen only non-finite values reports the range (0, 0). Empty tensors change
+nothing; asking for a range before any finite value raises ConfigError. Min / max state follows the
+data's device; the sketch and histogram observers summarise on the CPU (each batch is copied there).
+
+Search observers (``MSEObserver``, ``HistogramObserver``) pick a range for a target code format: the one
+given at construction, overridden by the keywords of ``min_max(bits=..., ...)``, or the one passed to
+``scale_zero_point`` / ``affine_spec``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from lowbit.calibrate import builders
+from lowbit.calibrate.builders import ScaleZeroPoint
+from lowbit.calibrate.quantile import DyadicHistogram, GroupedQuantileSketch, kl_divergences
+from lowbit.errors import ConfigError, FormatError
+from lowbit.formats.blocking import block_shape
+from lowbit.formats.integer import code_range
+
+
+class MinMax(NamedTuple):
+    min: torch.Tensor
+    max: torch.Tensor
+
+
+def _grouped(x: torch.Tensor, block: tuple[int, ...]) -> torch.Tensor:
+    """x as [blocks, elements per block]; padding is NaN so that no statistic can see it."""
+    pads = [(-dim) % size for dim, size in zip(x.shape, block)]
+    if any(pads):
+        x = F.pad(x, [p for pad in reversed(pads) for p in (0, pad)], value=math.nan)
+    blocked = x.reshape([v for dim, size in zip(x.shape, block) for v in (dim // size, size)])
+    order = list(range(0, 2 * x.dim(), 2)) + list(range(1, 2 * x.dim(), 2))
+    return blocked.permute(order).reshape(-1, math.prod(block))
+
+
+class Observer:
+    """Base class: granularity, data checks, counts and the parameter / state API."""
+
+    _summarises_on_cpu = False  # sketches and histograms live on the CPU; min / max follow the data
+
+    def __init__(self, *, axis: int | None = None, block_size=None, nonfinite: str = "ignore"):
+        if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int)):
+            raise ConfigError(f"axis={axis!r} is invalid; expected an int (a tensor dimension) or None")
+        if block_size is not None:
+            block_size = (block_size,) if isinstance(block_size, int) else tuple(block_size)
+            if not block_size or any(isinstance(b, bool) or not isinstance(b, int) or (b < 1 and b != -1)
+                                     for b in block_size):
+                raise ConfigError(f"block_size={block_size!r} is invalid; expected ints >= 1 or -1 (whole dimension)")
+        if nonfinite not in ("ignore", "error"):
+            raise ConfigError(f"nonfinite={nonfinite!r} is invalid; expected 'ignore' or 'error'")
+        self.axis, self.block_size, self.nonfinite = axis, block_size, nonfinite
+        self.target = {"bits": 8, "signed": True, "symmetric": False, "power_of_two": False, "narrow_range": False}
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every statistic (the granularity stays)."""
+        self.count, self.nonfinite_count, self.stats_shape = 0, 0, None
+        self._reset_statistics()
+
+    # ---- observing ------------------------------------------------------------------------------------
+    def update(self, x: torch.Tensor) -> None:
+        """Record the statistics of ``x`` (a whole batch at once)."""
+        if not isinstance(x, torch.Tensor):
+            raise ConfigError(f"{type(self).__name__}.update expects a torch.Tensor, got {type(x).__name__}")
+        if x.numel() == 0:
+            return
+        work = x.detach().to(torch.float32)
+        work = work.reshape(1) if work.dim() == 0 else work
+        work = work.cpu() if self._summarises_on_cpu else work
+        nonfinite = int((~torch.isfinite(work)).sum())
+        if nonfinite and self.nonfinite == "error":
+            raise ConfigError(f"{type(self).__name__}: {nonfinite} non-finite values (NaN / inf) in the input")
+        try:
+            block = block_shape(work.shape, self.block_size, self.axis)
+        except FormatError as error:
+            raise ConfigError(f"{type(self).__name__}: {error}") from None
+        shape = self._stats_shape(work.shape, block)
+        if self.stats_shape is None:
+            self.stats_shape = shape
+            self._start(math.prod(shape))
+        elif shape != self.stats_shape:
+            raise ConfigError(
+                f"{type(self).__name__}: input of shape {tuple(x.shape)} gives ranges of shape {shape}, but earlier "
+                f"inputs gave {self.stats_shape}; a block_size of -1 covers a dimension whose size varies"
+            )
+        padded = any(dim % size for dim, size in zip(work.shape, block))
+        self._observe(_grouped(work, block), clean=nonfinite == 0 and not padded)
+        self.count += work.numel() - nonfinite
+        self.nonfinite_count += nonfinite
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Observe ``x`` and return it unchanged (usable as a forward hook body)."""
+        self.update(x)
+        return x
+
+    def _stats_shape(self, shape: tuple[int, ...], block: tuple[int, ...]) -> tuple[int, ...]:
+        if self.block_size is None and self.axis is None:
+            return ()
+        counts = tuple(-(-dim // size) for dim, size in zip(shape, block))
+        return (math.prod(counts),) if self.block_size is None else counts
+
+    # ---- results -----------------------------------------------------------------------------------------
+    def min_max(self, **target) -> MinMax:
+        """(min, max) float32 tensors shaped like the granularity ([] / [channels] / [n0, n1, ...]).
+
+        Search observers take target-format keywords (``bits``, ``signed``, ``symmetric``, ``power_of_two``,
+        ``narrow_range``) that override the constructor's; the others ignore them.
+        """
+        unknown = sorted(set(target) - set(self.target))
+        if unknown:
+            known = ", ".join(self.target)
+            raise ConfigError(f"{type(self).__name__}.min_max: unknown keyword {unknown[0]!r}; known: {known}")
+        return self._range_for(**{**self.target, **target})
+
+    def scale_zero_point(
+        self, bits: int = 8, signed: bool = True, symmetric: bool = False, power_of_two: bool = False,
+        narrow_range: bool = False,
+    ) -> ScaleZeroPoint:  # fmt: skip
+        """Scale and zero point from this observer's range via :func:`builders.scale_zero_point`."""
+        target = {"bits": bits, "signed": signed, "symmetric": symmetric, "power_of_two": power_of_two,
+                  "narrow_range": narrow_range}  # fmt: skip
+        low, high = self._range_for(**target)
+        return builders.scale_zero_point(low, high, **target)
+
+    def affine_spec(self, bits: int = 8, signed: bool = True, symmetric: bool = False, power_of_two: bool = False,
+                    narrow_range: bool = False, **format_parameters):  # fmt: skip
+        """An ``affine`` FormatSpec with this observer's calibrated scale and zero point."""
+        if self.block_size is not None:
+            raise ConfigError("per-block ranges have no given-scale affine spec; use affine(block_size=...)")
+        parameters = self.scale_zero_point(bits, signed, symmetric, power_of_two, narrow_range)
+        return builders.affine_spec(parameters, bits, signed, self.axis, narrow_range, **format_parameters)
+
+    def _range_for(self, **target) -> MinMax:
+        if self.count == 0:
+            raise ConfigError(f"{type(self).__name__} has seen no data (no finite values); call update() first")
+        low, high = self._range(**target)
+        low, high = (torch.where(torch.isfinite(v), v, 0.0).to(torch.float32) for v in (low, high))
+        return MinMax(low.reshape(self.stats_shape), high.reshape(self.stats_shape))
+
+    # ---- state ----------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Statistics as plain tensors (save with safetensors, or JSON via ``.tolist()``)."""
+        state = {"count": torch.tensor(self.count), "nonfinite_count": torch.tensor(self.nonfinite_count)}
+        if self.stats_shape is not None:
+            state["stats_shape"] = torch.tensor(self.stats_shape, dtype=torch.int64)
+            state.update(self._statistics())
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore from ``state_dict()`` output (tensors, or numbers / lists as JSON gives them back)."""
+        self.reset()
+        self.count = int(torch.as_tensor(state["count"]))
+        self.nonfinite_count = int(torch.as_tensor(state["nonfinite_count"]))
+        if "stats_shape" in state:
+            self.stats_shape = tuple(int(v) for v in torch.as_tensor(state["stats_shape"]).reshape(-1).tolist())
+            self._start(math.prod(self.stats_shape))
+            try:
+                self._load_statistics(state)
+            except KeyError as missing:
+                raise ConfigError(f"{type(self).__name__}.load_state_dict: missing key {missing}") from None
+
+    # ---- what subclasses provide -----------------------------------------------------------------------------
+    def _reset_statistics(self) -> None: ...
+
+    def _start(self, groups: int) -> None:
+        raise NotImplementedError
+
+    def _observe(self, values: torch.Tensor, clean: bool) -> None:
+        raise NotImplementedError
+
+    def _range(self, **target) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def _statistics(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _load_statistics(self, state: dict) -> None:
+        raise NotImplementedError
+
+
+def _prefixed(state: dict, prefix: str) -> dict:
+    """The entries of ``state`` whose keys start with ``prefix``, without it (a nested state)."""
+    return {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
+
+
+def _batch_min_max(values: torch.Tensor, clean: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-group (min, max) over finite values (+inf / -inf for a group with none)."""
+    if clean:
+        return torch.aminmax(values, dim=1)
+    finite = torch.isfinite(values)
+    return torch.where(finite, values, math.inf).amin(1), torch.where(finite, values, -math.inf).amax(1)
+
+
+class MinMaxObserver(Observer):
+    """The running min and max of everything seen (torch.ao's MinMaxObserver / PerChannelMinMaxObserver)."""
+
+    def _reset_statistics(self) -> None:
+        self.low = self.high = None
+
+    def _start(self, groups: int) -> None:
+        self.low = torch.full((groups,), math.inf)
+        self.high = torch.full((groups,), -math.inf)
+
+    def _observe(self, values: torch.Tensor, clean: bool) -> None:
+        low, high = _batch_min_max(values, clean)
+        self.low, self.high = self.low.to(low.device), self.high.to(high.device)  # state follows the data
+        self.low, self.high = torch.minimum(self.low, low), torch.maximum(self.high, high)
+
+    def _range(self, **target) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.low, self.high
+
+    def _statistics(self) -> dict[str, torch.Tensor]:
+        return {"min": self.low.clone(), "max": self.high.clone()}
+
+    def _load_statistics(self, state: dict) -> None:
+        self.low = torch.as_tensor(state["min"], dtype=torch.float32).reshape(-1).clone()
+        self.high = torch.as_tensor(state["max"], dtype=torch.float32).reshape(-1).clone()
+
+
+class MovingAverageMinMaxObserver(MinMaxObserver):
+    """Exponential moving averages of each batch's min and max: m <- m + c (batch_min - m), the first batch
+    taken as it is (torch.ao's MovingAverage[PerChannel]MinMaxObserver). A group whose batch holds no finite
+    value keeps its average."""
+
+    def __init__(self, averaging_constant: float = 0.01, **granularity):
+        if not 0.0 < averaging_constant <= 1.0:
+            raise ConfigError(f"averaging_constant={averaging_constant!r} is invalid; expected a number in (0, 1]")
+        self.averaging_constant = float(averaging_constant)
+        super().__init__(**granularity)
+
+    def _observe(self, values: torch.Tensor, clean: bool) -> None:
+        low, high = _batch_min_max(values, clean)
+        self.low, self.high = self.low.to(low.device), self.high.to(high.device)  # state follows the data
+        self.low = self._average(self.low, low)
+        self.high = self._average(self.high, high)
+
+    def _average(self, average: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        moved = average + self.averaging_constant * (batch - average)
+        moved = torch.where(torch.isfinite(average), moved, batch)  # first finite batch: taken as it is
+        return torch.where(torch.isfinite(batch), moved, average)
+
+
+class PercentileObserver(Observer):
+    """The (100 - p)th and p-th percentiles of everything seen (numpy's linear definition), from a
+    :class:`~lowbit.calibrate.quantile.GroupedQuantileSketch` per channel / block: each end is within
+    ``relative_error`` times the neighbouring order statistics' magnitude of the exact percentile."""
+
+    _summarises_on_cpu = True
+
+    def __init__(self, percentile: float = 99.99, relative_error: float = 0.01, **granularity):
+        if not 50.0 < percentile <= 100.0:
+            raise ConfigError(f"percentile={percentile!r} is invalid; expected a number in (50, 100]")
+        self.percentile, self.relative_error = float(percentile), float(relative_error)
+        GroupedQuantileSketch(self.relative_error)  # validates relative_error now
+        super().__init__(**granularity)
+
+    def _reset_statistics(self) -> None:
+        self.sketch = None
+
+    def _start(self, groups: int) -> None:
+        self.sketch = GroupedQuantileSketch(self.relative_error, groups)
+
+    def _observe(self, values: torch.Tensor, clean: bool) -> None:
+        self.sketch.update_groups(values)
+
+    def _range(self, **target) -> tuple[torch.Tensor, torch.Tensor]:
+        upper = self.percentile / 100.0
+        return self.sketch.quantile_per_group(1.0 - upper), self.sketch.quantile_per_group(upper)
+
+    def _statistics(self) -> dict[str, torch.Tensor]:
+        return {f"sketch.{key}": value for key, value in self.sketch.state_dict().items()}
+
+    def _load_statistics(self, state: dict) -> None:
+        self.sketch.load_state_dict(_prefixed(state, "sketch."))
+
+
+class _HistogramSearch(Observer):
+    """Shared by the search observers: exact running min / max plus a DyadicHistogram per group."""
+
+    _magnitudes = False  # True: histogram |x| (KL) instead of x (MSE)
+    _summarises_on_cpu = True
+
+    def __init__(self, *, bits: int = 8, signed: bool = True, symmetric: bool = False, power_of_two: bool = False,
+                 narrow_range: bool = False, bins: int = 2048, **granularity):  # fmt: skip
+        super().__init__(**granularity)
+        self.target = {"bits": bits, "signed": signed, "symmetric": symmetric, "power_of_two": power_of_two,
+                       "narrow_range": narrow_range}  # fmt: skip
+        builders.scale_zero_point(0.0, 0.0, **self.target)  # validates the target format now
+        self.bins = bins
+        DyadicHistogram(bins)  # validates bins now
+
+    def _reset_statistics(self) -> None:
+        self.extremes, self.histogram = MinMaxObserver(), None
+
+    def _start(self, groups: int) -> None:
+        self.extremes._start(groups)
+        self.histogram = DyadicHistogram(self.bins, groups)
+
+    def _observe(self, values: torch.Tensor, clean: bool) -> None:
+        self.extremes._observe(values, clean)
+        self.histogram.update_groups(values.abs() if self._magnitudes else values)
+
+    def _observed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact (min, max) per group, (0, 0) for a group without finite values."""
+        low, high = self.extremes.low, self.extremes.high
+        return torch.where(torch.isfinite(low), low, 0.0), torch.where(torch.isfinite(high), high, 0.0)
+
+    def _statistics(self) -> dict[str, torch.Tensor]:
+        state = {"min": self.extremes.low.clone(), "max": self.extremes.high.clone()}
+        state.update({f"histogram.{key}": value for key, value in self.histogram.state_dict().items()})
+        return state
+
+    def _load_statistics(self, state: dict) -> None:
+        self.extremes._load_statistics(state)
+        self.histogram.load_state_dict(_prefixed(state, "histogram."))
+
+    def _group_chunks(self, cost_per_group: int):
+        """Slices of groups small enough that each of the search's temporaries stays near 2^20 elements."""
+        size = max(1, (1 << 20) // max(cost_per_group, 1))
+        for start in range(0, self.histogram.groups, size):
+            yield slice(start, start + size)
+
+
+class MSEObserver(_HistogramSearch):
+    """The clipping range minimising the expected quantize-dequantize MSE for the target format.
+
+    Grid: low in {f min}, high in {f max}, f = j / num_candidates for j = 1 .. num_candidates (default 100:
+    1 %, 2 %, ..., 100 % of each end). First both ends shrink together ([f min, f max], the whole search for
+    symmetric targets, whose scale depends on max(|low|, |high|) only); for asymmetric targets each end is
+    then searched with the other fixed, ``refinements`` times (default 2), so that one-sided outliers are
+    clipped on their side only. Each step keeps the current range among its candidates, so the modelled
+    MSE never rises. A candidate's MSE is the exact integral of the squared error over a histogram of the
+    data (``bins`` dyadic bins, each bin's values spread uniformly; :func:`builders.expected_squared_error`),
+    with scale and zero point from the builders. Ties go to the widest range.
+    """
+
+    def __init__(self, *, num_candidates: int = 100, refinements: int = 2, **options):
+        for name, value, least in (("num_candidates", num_candidates, 1), ("refinements", refinements, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(f"{name}={value!r} is invalid; expected an int >= {least}")
+        self.num_candidates, self.refinements = num_candidates, refinements
+        super().__init__(**options)
+
+    def _range(self, **target) -> tuple[torch.Tensor, torch.Tensor]:
+        low, high = self._observed()
+        fractions = torch.arange(self.num_candidates, 0, -1, dtype=torch.float32) / self.num_candidates  # widest first
+        low_grid, high_grid = low.unsqueeze(1) * fractions, high.unsqueeze(1) * fractions  # [g, c]
+        low, high = self._best(low_grid, high_grid, target)
+        for _ in range(0 if target["symmetric"] else self.refinements):
+            low, _ = self._best(low_grid, high.unsqueeze(1).expand_as(high_grid), target)
+            _, high = self._best(low.unsqueeze(1).expand_as(low_grid), high_grid, target)
+        return low, high
+
+    def _best(self, lows: torch.Tensor, highs: torch.Tensor, target: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The candidate range (one of [g, c]) with the least expected MSE per group."""
+        scale, zero_point = builders.scale_zero_point(lows, highs, **target)
+        q_min, q_max = code_range(target["bits"], target["signed"], target["narrow_range"])
+        width = self.histogram.bin_width()
+        best = torch.empty(lows.shape[0], dtype=torch.int64)
+        for part in self._group_chunks(lows.shape[1] * self.bins):
+            error = builders.expected_squared_error(
+                self.histogram.counts[part], self.histogram.low_index[part] * width[part], width[part],
+                scale[part], zero_point[part], q_min, q_max,
+            )  # fmt: skip
+            best[part] = error.argmin(1)  # the first minimum: the widest of equally good ranges
+        rows = torch.arange(lows.shape[0])
+        return lows[rows, best], highs[rows, best]
+
+
+class HistogramObserver(_HistogramSearch):
+    """Entropy calibration as in TensorRT: the magnitude threshold T minimising KL(P || Q) between the
+    histogram of |x| and its quantization to ``levels`` = 2^(bits-1) (signed) or 2^bits (unsigned) levels
+    (:func:`lowbit.calibrate.quantile.kl_divergences`, searched over every bin edge T = i w from
+    ``levels`` bins up to the last occupied one). The range is [max(min, -T), min(max, T)]; data that
+    occupy no more bins than there are levels keep their exact range. ``bins`` defaults to 4096, so that
+    at least 2048 bins (TensorRT's histogram size) are in use after the dyadic rebinning.
+    """
+
+    _magnitudes = True
+
+    def __init__(self, *, bins: int = 4096, **options):
+        super().__init__(bins=bins, **options)
+
+    def _range(self, **target) -> tuple[torch.Tensor, torch.Tensor]:
+        low, high = self._observed()
+        levels = 2 ** (target["bits"] - 1) if target["signed"] else 2 ** target["bits"]
+        used = self.histogram.high_index + 1  # |x| starts at bin 0
+        threshold = torch.maximum(-low, high).to(torch.float64)
+        width = self.histogram.bin_width()
+        for part in self._group_chunks(max(self.bins - levels + 1, 1) * levels * 8):
+            bins = int(used[part].max())
+            if bins <= levels:
+                continue
+            divergence = kl_divergences(self.histogram.counts[part, :bins], levels)  # [g, cuts]
+            cuts = torch.arange(levels, bins + 1)
+            divergence = torch.where(cuts <= used[part].unsqueeze(1), divergence, math.inf)
+            chosen = cuts[divergence.argmin(1)]
+            clipped = torch.minimum(chosen * width[part], threshold[part])
+            threshold[part] = torch.where(used[part] > levels, clipped, threshold[part])
+        threshold = threshold.to(torch.float32)
+        return torch.maximum(low, -threshold), torch.minimum(high, threshold)

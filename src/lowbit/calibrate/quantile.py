@@ -1,0 +1,406 @@
+"""Bounded-memory summaries of a stream of values: a quantile sketch and a dyadic histogram.
+
+:class:`QuantileSketch` is a log-bucketed sketch in the style of DDSketch (Masson, Rim and Lee, VLDB 2019).
+With relative error a, let g = (1 + a) / (1 - a). A finite value x with |x| >= 2^-126 goes to the bucket
+i = ceil(log_g |x|) of its sign, which holds the magnitudes in (g^(i-1), g^i]; smaller magnitudes (zero,
+subnormals) go to one zero bucket. A bucket is represented by 2 g^i / (g + 1), which is within a relative
+a of every magnitude in (g^(i-1), g^i] (at both ends the distance is exactly a times the end), and 0 for
+the zero bucket (within 2^-126 of its values).
+
+**Bound.** ``quantile(q)`` estimates numpy's default (linear) quantile: with n values sorted as
+x_(0) <= ... <= x_(n-1), h = q (n - 1), k = floor(h), t = h - k, the exact value is
+v = (1 - t) x_(k) + t x_(k+1). The sketch keeps exact counts per bucket, so it finds the bucket that holds
+x_(k) (and x_(k+1)) exactly, and interpolates the two representatives with the same t. Each is within
+a |x| + 2^-126 of its order statistic, so
+
+    |quantile(q) - v| <= a * max(|x_(k)|, |x_(k+1)|) + 2^-126.
+
+x_(0) and x_(n-1) are tracked exactly and used as they are; the estimate is then clamped to the exact
+[min, max], which only moves it closer to v. ``error_bound(q)``
+returns a / (1 - a) * max(|r_k|, |r_(k+1)|) + (1 + a) 2^-126 with r the two representatives, an upper
+bound of the right-hand side computable from the sketch (|x| <= |r| (g + 1) / 2 = |r| / (1 - a), and
+|x| < 2^-126 where r = 0). Float64
+rounding of the logarithm moves bucket edges by about 1e-14 relative; buckets are built with a relative
+error a (1 - 1e-6) so that this slack stays inside the stated a (a >= 1e-4 is required).
+
+**Memory.** Bucket keys are bounded by the float32 range (|x| < 2^128; larger finite values raise
+ConfigError): K = ``max_key`` = ceil(128 ln 2 / ln g) - ceil(-126 ln 2 / ln g) + 1 keys per sign (8,803 for
+a = 0.01). Each sign stores only the window of keys between its smallest and largest magnitude seen, plus
+one zero count: about ln(max|x| / min|x|) / ln g counts per sign and group (~900 for normal data at 1 %),
+at most 2 K + 1, whatever the number of values. NaN and +-inf are not counted as values; they are tallied in
+``nonfinite``. Sketches with the same relative error merge exactly (counts add).
+
+:class:`DyadicHistogram` keeps, per group, ``bins`` counts of bins [j w, (j + 1) w) anchored at zero, with
+w a power of two. When the data outgrow the window, w doubles (as often as needed) and bins merge in pairs,
+which is exact: every value stays counted in the bin that contains it, and the window (which always
+contains 0) keeps more than bins / 2 bins in use. A value's bin is known to within one bin width.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from lowbit.errors import ConfigError
+
+SMALLEST_NORMAL = 2.0**-126  # magnitudes below this count as zero
+_LARGEST_MAGNITUDE = 2.0**128  # float32's range: keeps the number of buckets bounded
+_CHUNK = 1 << 22  # values per vectorised step: caps temporary memory, not the stream length
+
+
+def _float64_groups(values: torch.Tensor, groups: int) -> torch.Tensor:
+    values = values.detach().to(torch.float64)
+    if values.dim() != 2 or values.shape[0] != groups:
+        raise ConfigError(f"expected values shaped [{groups}, n], got {tuple(values.shape)}")
+    too_large = torch.isfinite(values) & (values.abs() >= _LARGEST_MAGNITUDE)
+    if too_large.any():
+        raise ConfigError(f"value {values[too_large][0].item()} is outside the float32 range the sketches cover")
+    return values
+
+
+def _chunks(values: torch.Tensor):
+    step = max(1, _CHUNK // max(values.shape[0], 1))
+    for start in range(0, values.shape[1], step):
+        yield values[:, start : start + step]
+
+
+class _KeyWindow:
+    """Counts of the bucket keys low_key .. low_key + width - 1 of one sign, per group; grows to fit."""
+
+    def __init__(self, groups: int):
+        self.groups, self.low_key = groups, 1
+        self.counts = torch.zeros(groups, 0, dtype=torch.int64)  # [groups, width]
+
+    @property
+    def width(self) -> int:
+        return self.counts.shape[1]
+
+    def widen(self, low_key: int, high_key: int) -> None:
+        """Cover [low_key, high_key] as well (existing counts keep their keys)."""
+        if self.width:
+            low_key, high_key = min(self.low_key, low_key), max(self.low_key + self.width - 1, high_key)
+        if self.width and (low_key, high_key) == (self.low_key, self.low_key + self.width - 1):
+            return
+        wider = torch.zeros(self.groups, high_key - low_key + 1, dtype=torch.int64)
+        offset = self.low_key - low_key
+        wider[:, offset : offset + self.width] = self.counts
+        self.low_key, self.counts = low_key, wider
+
+    def add(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        if keys.numel():
+            self.widen(int(keys.min()), int(keys.max()))
+            flat = rows * self.width + (keys - self.low_key)
+            self.counts += torch.bincount(flat, minlength=self.groups * self.width).reshape(self.groups, self.width)
+
+    def merge(self, other: _KeyWindow) -> None:
+        if other.width:
+            self.widen(other.low_key, other.low_key + other.width - 1)
+            offset = other.low_key - self.low_key
+            self.counts[:, offset : offset + other.width] += other.counts
+
+    def keys(self) -> torch.Tensor:
+        return torch.arange(self.low_key, self.low_key + self.width)
+
+
+class GroupedQuantileSketch:
+    """One log-bucketed quantile sketch per group (channel or block), updated together; see the module
+    docstring for the buckets and the error bound. ``update_groups`` takes values shaped [groups, n]."""
+
+    def __init__(self, relative_error: float = 0.01, groups: int = 1):
+        if not 1e-4 <= relative_error <= 0.5:
+            raise ConfigError(f"relative_error={relative_error!r} is invalid; expected a number in [1e-4, 0.5]")
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+            raise ConfigError(f"groups={groups!r} is invalid; expected an int >= 1")
+        self.relative_error = float(relative_error)
+        self.groups = groups
+        internal = self.relative_error * (1 - 1e-6)  # absorbs float64 rounding of bucket edges
+        self._gamma = (1 + internal) / (1 - internal)
+        self._log_gamma = math.log(self._gamma)
+        self._first_index = math.ceil(math.log(SMALLEST_NORMAL) / self._log_gamma)
+        self.max_key = math.ceil(math.log(_LARGEST_MAGNITUDE) / self._log_gamma) - self._first_index + 1
+        self.reset()
+
+    def reset(self) -> None:
+        self.negative, self.positive = _KeyWindow(self.groups), _KeyWindow(self.groups)  # keys of |x|
+        self.zeros = torch.zeros(self.groups, dtype=torch.int64)  # |x| < 2^-126
+        self.count_per_group = torch.zeros(self.groups, dtype=torch.int64)
+        self.nonfinite_per_group = torch.zeros(self.groups, dtype=torch.int64)
+        self.min_per_group = torch.full((self.groups,), math.inf, dtype=torch.float64)
+        self.max_per_group = torch.full((self.groups,), -math.inf, dtype=torch.float64)
+
+    @property
+    def num_buckets(self) -> int:
+        """Counts stored per group (the keys seen so far, per sign); never above 2 * max_key + 1."""
+        return self.negative.width + 1 + self.positive.width
+
+    # ---- updates ----------------------------------------------------------------------------------------
+    def update_groups(self, values: torch.Tensor) -> None:
+        """Add values shaped [groups, n]; NaN / +-inf are tallied as non-finite and otherwise ignored."""
+        for chunk in _chunks(_float64_groups(values, self.groups)):
+            finite = torch.isfinite(chunk)
+            self.nonfinite_per_group += (~finite).sum(1)
+            self.count_per_group += finite.sum(1)
+            self.min_per_group = torch.minimum(self.min_per_group, torch.where(finite, chunk, math.inf).amin(1))
+            self.max_per_group = torch.maximum(self.max_per_group, torch.where(finite, chunk, -math.inf).amax(1))
+            magnitude = torch.where(finite, chunk.abs(), 0.0)
+            small = magnitude < SMALLEST_NORMAL
+            self.zeros += (finite & small).sum(1)
+            keys = self._keys(magnitude)
+            rows = torch.arange(self.groups).unsqueeze(1).expand_as(keys)
+            for window, sign in ((self.positive, chunk > 0), (self.negative, chunk < 0)):
+                chosen = finite & sign & ~small
+                window.add(keys[chosen], rows[chosen])
+
+    def _keys(self, magnitude: torch.Tensor) -> torch.Tensor:
+        """Bucket keys k >= 1 of magnitudes >= 2^-126 (bucket i = ceil(log_g |x|) is key i - first + 1)."""
+        index = torch.ceil(torch.log(magnitude.clamp(min=SMALLEST_NORMAL)) / self._log_gamma)
+        return (index - (self._first_index - 1)).clamp(min=1).to(torch.int64)
+
+    def merge(self, other: GroupedQuantileSketch) -> None:
+        """Add another sketch's counts (same relative error and groups): exact, as if it saw both streams."""
+        if other.relative_error != self.relative_error or other.groups != self.groups:
+            raise ConfigError(
+                f"cannot merge a sketch with relative_error={other.relative_error}, groups={other.groups} into "
+                f"one with relative_error={self.relative_error}, groups={self.groups}"
+            )
+        self.negative.merge(other.negative)
+        self.positive.merge(other.positive)
+        self.zeros += other.zeros
+        self.count_per_group += other.count_per_group
+        self.nonfinite_per_group += other.nonfinite_per_group
+        self.min_per_group = torch.minimum(self.min_per_group, other.min_per_group)
+        self.max_per_group = torch.maximum(self.max_per_group, other.max_per_group)
+
+    # ---- queries ------------------------------------------------------------------------------------------
+    def _ordered(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Counts [groups, buckets] and signed keys [buckets] of every bucket, in increasing value order."""
+        counts = torch.cat([self.negative.counts.flip(1), self.zeros.unsqueeze(1), self.positive.counts], 1)
+        keys = torch.cat([-self.negative.keys().flip(0), torch.zeros(1, dtype=torch.int64), self.positive.keys()])
+        return counts, keys
+
+    def _representatives(self, keys: torch.Tensor) -> torch.Tensor:
+        index = keys.abs().to(torch.float64) + (self._first_index - 1)
+        magnitude = torch.exp(index * self._log_gamma) * (2 / (self._gamma + 1))
+        return torch.where(keys == 0, 0.0, magnitude * torch.sign(keys.to(torch.float64)))
+
+    def _order_statistics(self, q: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Representatives of x_(k) and x_(k+1) per group [groups, 2], their ranks, and the weight t."""
+        if not 0.0 <= q <= 1.0:
+            raise ConfigError(f"quantile q={q!r} is invalid; expected a number in [0, 1]")
+        last = (self.count_per_group - 1).clamp(min=0).to(torch.float64)
+        position = q * last
+        below = torch.floor(position)
+        ranks = torch.stack([below, torch.minimum(below + 1, last)], dim=1).to(torch.int64)  # [groups, 2]
+        counts, keys = self._ordered()
+        columns = torch.searchsorted(counts.cumsum(1), ranks, right=True).clamp(max=keys.numel() - 1)
+        return self._representatives(keys[columns]), ranks, position - below
+
+    def quantile_per_group(self, q: float) -> torch.Tensor:
+        """Estimate of numpy's linear quantile per group (float64 [groups]); NaN for a group with no data."""
+        pair, ranks, weight = self._order_statistics(q)
+        # The smallest and largest values are known exactly: use them instead of their buckets.
+        pair = torch.where(ranks == 0, self.min_per_group.unsqueeze(1), pair)
+        pair = torch.where(ranks == (self.count_per_group - 1).unsqueeze(1), self.max_per_group.unsqueeze(1), pair)
+        estimate = pair[:, 0] + weight * (pair[:, 1] - pair[:, 0])
+        estimate = torch.minimum(torch.maximum(estimate, self.min_per_group), self.max_per_group)
+        return torch.where(self.count_per_group > 0, estimate, math.nan)
+
+    def error_bound_per_group(self, q: float) -> torch.Tensor:
+        """An upper bound of |quantile_per_group(q) - exact quantile| per group (see the module docstring)."""
+        pair, _, _ = self._order_statistics(q)
+        largest = pair.abs().amax(1)
+        error = self.relative_error
+        bound = largest * (error / (1 - error)) + (1 + error) * SMALLEST_NORMAL
+        return torch.where(self.count_per_group > 0, bound, math.nan)
+
+    # ---- state --------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Plain tensors only (safetensors / JSON friendly)."""
+        state = {"relative_error": torch.tensor(self.relative_error, dtype=torch.float64), "zeros": self.zeros,
+                 "count": self.count_per_group, "nonfinite": self.nonfinite_per_group, "min": self.min_per_group,
+                 "max": self.max_per_group}  # fmt: skip
+        for name, window in (("negative", self.negative), ("positive", self.positive)):
+            state[f"{name}_counts"], state[f"{name}_low_key"] = window.counts, torch.tensor(window.low_key)
+        return {key: value.clone() for key, value in state.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = float(torch.as_tensor(state["relative_error"], dtype=torch.float64))
+        if saved != self.relative_error:
+            raise ConfigError(f"state has relative_error={saved}; this sketch has {self.relative_error}")
+        for name, window in (("negative", self.negative), ("positive", self.positive)):
+            window.counts = torch.as_tensor(state[f"{name}_counts"], dtype=torch.int64).reshape(self.groups, -1).clone()
+            window.low_key = int(torch.as_tensor(state[f"{name}_low_key"]))
+
+        def per_group(key: str, dtype: torch.dtype) -> torch.Tensor:
+            return torch.as_tensor(state[key], dtype=dtype).reshape(self.groups).clone()
+
+        self.zeros, self.count_per_group = per_group("zeros", torch.int64), per_group("count", torch.int64)
+        self.nonfinite_per_group = per_group("nonfinite", torch.int64)
+        self.min_per_group, self.max_per_group = per_group("min", torch.float64), per_group("max", torch.float64)
+
+
+class QuantileSketch(GroupedQuantileSketch):
+    """A streaming quantile sketch with relative value error ``relative_error`` (see the module docstring).
+
+    >>> sketch = QuantileSketch(relative_error=0.01)
+    >>> sketch.update(torch.randn(10_000))
+    >>> median = sketch.quantile(0.5)     # within 0.01 * |x_(k)| of np.quantile(x, 0.5)
+    """
+
+    def __init__(self, relative_error: float = 0.01):
+        super().__init__(relative_error, groups=1)
+
+    def update(self, values: torch.Tensor) -> None:
+        """Add every element of ``values`` (any shape); NaN / +-inf are tallied in ``nonfinite`` only."""
+        self.update_groups(torch.as_tensor(values).reshape(1, -1))
+
+    def _require_data(self) -> None:
+        if self.count == 0:
+            raise ConfigError("the sketch has seen no finite values")
+
+    def quantile(self, q: float | list[float]) -> float | list[float]:
+        """The q-quantile (q in [0, 1]; a list gives a list), numpy's linear interpolation, within the bound."""
+        self._require_data()
+        if isinstance(q, (list, tuple)):
+            return [float(self.quantile_per_group(float(item))[0]) for item in q]
+        return float(self.quantile_per_group(float(q))[0])
+
+    def error_bound(self, q: float) -> float:
+        """An upper bound of |quantile(q) - np.quantile(values, q)|."""
+        self._require_data()
+        return float(self.error_bound_per_group(float(q))[0])
+
+    @property
+    def count(self) -> int:
+        return int(self.count_per_group[0])
+
+    @property
+    def nonfinite(self) -> int:
+        return int(self.nonfinite_per_group[0])
+
+    @property
+    def min(self) -> float:
+        self._require_data()
+        return float(self.min_per_group[0])
+
+    @property
+    def max(self) -> float:
+        self._require_data()
+        return float(self.max_per_group[0])
+
+
+class DyadicHistogram:
+    """Per-group histograms of ``bins`` bins of width 2^exponent anchored at zero (see the module docstring).
+
+    Column m of group g counts the values in [(low_index[g] + m) w[g], (low_index[g] + m + 1) w[g]) with
+    w[g] = 2^exponent[g]; the occupied bins always span [low_index, high_index], which contains bin 0.
+    """
+
+    _START_EXPONENT = -160  # below every float32 magnitude: the first update picks the real width
+
+    def __init__(self, bins: int = 2048, groups: int = 1):
+        if isinstance(bins, bool) or not isinstance(bins, int) or bins < 8:
+            raise ConfigError(f"bins={bins!r} is invalid; expected an int >= 8")
+        self.bins, self.groups = bins, groups
+        self.reset()
+
+    def reset(self) -> None:
+        self.counts = torch.zeros(self.groups, self.bins, dtype=torch.int64)
+        self.low_index = torch.zeros(self.groups, dtype=torch.int64)
+        self.high_index = torch.zeros(self.groups, dtype=torch.int64)
+        self.exponent = torch.full((self.groups,), self._START_EXPONENT, dtype=torch.int64)
+
+    def bin_width(self) -> torch.Tensor:
+        """w per group (float64 [groups])."""
+        return torch.ldexp(torch.ones(self.groups, dtype=torch.float64), self.exponent)
+
+    def update_groups(self, values: torch.Tensor) -> None:
+        """Add values shaped [groups, n]; NaN / +-inf are ignored."""
+        for chunk in _chunks(_float64_groups(values, self.groups)):
+            finite = torch.isfinite(chunk)
+            width = self.bin_width()
+            low = torch.where(finite, chunk, math.inf).amin(1) / width
+            high = torch.where(finite, chunk, -math.inf).amax(1) / width
+            present = finite.any(1)
+            low = torch.minimum(self.low_index.double(), torch.where(present, torch.floor(low), 0.0))
+            high = torch.maximum(self.high_index.double(), torch.where(present, torch.floor(high), 0.0))
+            self._rebin(low, high)
+            index = torch.floor(chunk / self.bin_width().unsqueeze(1)) - self.low_index.unsqueeze(1)
+            rows = torch.arange(self.groups).unsqueeze(1).expand_as(index)
+            flat = rows[finite] * self.bins + index[finite].to(torch.int64)
+            self.counts += torch.bincount(flat, minlength=self.groups * self.bins).reshape(self.groups, self.bins)
+
+    def _rebin(self, low: torch.Tensor, high: torch.Tensor) -> None:
+        """Double the widths until bins [low, high] (float64 indices at the current widths) fit, merging."""
+        shift = self._shift_to_fit(low, high)
+        factor = torch.ldexp(torch.ones_like(low), -shift)  # exact: floor(j / 2^k) below
+        new_low = torch.floor(low * factor).to(torch.int64)
+        self.high_index = torch.floor(high * factor).to(torch.int64)
+        old_index = self.low_index.unsqueeze(1) + torch.arange(self.bins)  # [groups, bins], |index| < bins
+        # An arithmetic shift is floor division by 2^k; k past 62 gives the same 0 / -1 as k = 62.
+        new_column = (old_index >> shift.clamp(max=62).unsqueeze(1)) - new_low.unsqueeze(1)
+        new_column = torch.where(self.counts > 0, new_column, 0)  # empty columns may fall outside
+        merged = torch.zeros_like(self.counts).scatter_add_(1, new_column, self.counts)
+        self.counts, self.low_index, self.exponent = merged, new_low, self.exponent + shift
+
+    def _shift_to_fit(self, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+        """The smallest k >= 0 per group with floor(high / 2^k) - floor(low / 2^k) + 1 <= bins."""
+        span = (high - low).clamp(min=1.0)
+        shift = (torch.floor(torch.log2(span / self.bins)) - 1).clamp(min=0).to(torch.int64)  # a lower bound
+        while True:
+            factor = torch.ldexp(torch.ones_like(low), -shift)
+            too_wide = torch.floor(high * factor) - torch.floor(low * factor) + 1 > self.bins
+            if not too_wide.any():
+                return shift
+            shift = shift + too_wide.to(torch.int64)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"counts": self.counts.clone(), "low_index": self.low_index.clone(),
+                "high_index": self.high_index.clone(), "exponent": self.exponent.clone()}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self.counts = torch.as_tensor(state["counts"], dtype=torch.int64).reshape(self.groups, self.bins).clone()
+        for name in ("low_index", "high_index", "exponent"):
+            setattr(self, name, torch.as_tensor(state[name], dtype=torch.int64).reshape(self.groups).clone())
+
+
+def kl_divergences(counts: torch.Tensor, levels: int) -> torch.Tensor:
+    """KL(P || Q) of entropy calibration (Migacz, "8-bit inference with TensorRT", 2017) for every cut.
+
+    ``counts`` [groups, bins] is a histogram of |x| starting at 0. Keeping i bins (column i - levels of
+    the result, i = levels .. bins): P is the first i bins with the mass beyond them added to bin i - 1;
+    Q merges the first i bins (without that outside mass) into ``levels`` runs of bins [floor(j i / levels),
+    floor((j + 1) i / levels)) and spreads each run's mass evenly over the run's bins where P is nonzero.
+    Both are normalised; KL = sum P log(P / Q) over P > 0, +inf where Q = 0 < P. Returns float64
+    [groups, bins - levels + 1] (empty when bins < levels).
+    """
+    histogram = counts.to(torch.float64)
+    groups, bins = histogram.shape
+    cut = torch.arange(levels, bins + 1)  # [cuts]
+    level = torch.arange(levels)
+    run_start = (level * cut.unsqueeze(1)) // levels  # [cuts, levels]
+    run_end = ((level + 1) * cut.unsqueeze(1)) // levels
+
+    def prefix(values: torch.Tensor) -> torch.Tensor:  # prefix[:, i] = sum of the first i bins
+        return F.pad(values.cumsum(1), (1, 0))
+
+    mass_prefix, nonzero_prefix = prefix(histogram), prefix((histogram > 0).to(torch.float64))
+    mass = mass_prefix[:, run_end] - mass_prefix[:, run_start]  # [groups, cuts, levels]
+    nonzero = nonzero_prefix[:, run_end] - nonzero_prefix[:, run_start]
+    total = mass_prefix[:, -1:]  # [groups, 1]
+    outside = total - mass_prefix[:, cut]  # [groups, cuts]
+    last_bin = histogram[:, cut - 1]
+    nonzero[..., -1] += ((last_bin == 0) & (outside > 0)).to(torch.float64)  # P's last bin gains the outside
+    p_mass = mass.clone()
+    p_mass[..., -1] += outside
+    p_log_p = prefix(_x_log_x(histogram))[:, cut - 1] + _x_log_x(last_bin + outside)  # sum of p log p
+    q_per_bin = mass / (nonzero * mass_prefix[:, cut].unsqueeze(2))
+    cross = torch.where(p_mass > 0, p_mass * torch.log(q_per_bin), 0.0).sum(2)  # sum of p log q
+    divergence = (p_log_p - cross) / total - torch.log(total)
+    return torch.where(torch.isnan(divergence), math.inf, divergence)
+
+
+def _x_log_x(values: torch.Tensor) -> torch.Tensor:
+    return torch.where(values > 0, values * torch.log(values), 0.0)

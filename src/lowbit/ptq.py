@@ -1,0 +1,198 @@
+"""Post-training quantization flows: static (calibrated activation scales), dynamic, weight-only.
+
+All three work on any ``nn.Module`` (a ``QGraph``'s ``model`` included) by swapping modules, so they also
+serve models torch.fx cannot trace. Targets are selected by op (``ops=("linear", "conv2d")``) and every
+flow returns ``(model, info)`` with the model changed in place, like the graph passes.
+
+- **static**: :func:`calibrate` runs N batches through the float model with an observer on the input of
+  every target module and returns a :class:`CalibrationState` (ranges per module, saved and loaded as
+  JSON, no pickle); :func:`quantize_static` freezes those ranges into affine formats with given scales and
+  zero points (nothing is computed from the data at run time) and quantizes weights per channel.
+- **dynamic**: activation scales are computed from each call's data, per tensor or per token.
+- **weight-only**: only weights are quantized (per channel, or per group of ``group_size`` inputs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lowbit._io import atomic_write_text
+from lowbit.errors import ConfigError, did_you_mean
+from lowbit.graph.mase_ops import _classify_module
+from lowbit.graph.module_swap import quantize_module_transform_pass
+from lowbit.nn.config import OP_ROLES
+
+DEFAULT_OPS = ("linear", "conv1d", "conv2d")
+OBSERVERS = ("min_max", "moving_average", "percentile", "mse", "histogram")
+STATE_VERSION = 1
+
+
+@dataclasses.dataclass
+class CalibrationState:
+    """Activation ranges per module (qualified name -> {"min": [...], "max": [...]}) and how they were taken."""
+
+    observer: str
+    bits: int
+    signed: bool
+    symmetric: bool
+    ranges: dict[str, dict[str, list[float]]]
+    batches: int
+
+    def save(self, path: str | Path) -> None:
+        atomic_write_text(path, json.dumps({"version": STATE_VERSION, **dataclasses.asdict(self)}, indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> CalibrationState:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"cannot read calibration state {str(path)!r}: {error}") from None
+        if not isinstance(data, dict) or data.pop("version", None) != STATE_VERSION:
+            raise ConfigError(f"{str(path)!r} is not a lowbit calibration state (version {STATE_VERSION})")
+        fields = [f.name for f in dataclasses.fields(cls)]
+        missing = [name for name in fields if name not in data]
+        if missing or set(data) - set(fields):
+            raise ConfigError(f"{str(path)!r}: bad calibration state keys (missing {missing}, "
+                              f"unknown {sorted(set(data) - set(fields))})")  # fmt: skip
+        _check_ranges(data["ranges"], str(path))
+        return cls(**data)
+
+
+def _check_ranges(ranges: Any, where: str) -> None:
+    if not isinstance(ranges, dict):
+        raise ConfigError(f"{where}: 'ranges' must be a table of module names")
+    for name, entry in ranges.items():
+        if not isinstance(entry, dict) or set(entry) != {"min", "max"}:
+            raise ConfigError(f"{where}: ranges[{name!r}] needs exactly the keys 'min' and 'max'")
+        for key in ("min", "max"):
+            values = entry[key]
+            if not isinstance(values, list) or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+                raise ConfigError(f"{where}: ranges[{name!r}][{key!r}] must be a list of finite numbers")
+
+
+def _targets(model: nn.Module, ops: Iterable[str]) -> dict[str, nn.Module]:
+    ops = tuple(ops)
+    for op in ops:
+        if op not in OP_ROLES:
+            raise ConfigError(f"unknown op {op!r}{did_you_mean(op, OP_ROLES)}; ops: {', '.join(OP_ROLES)}")
+    found = {name: m for name, m in model.named_modules() if name and _classify_module(m).mase_op in ops}
+    if not found:
+        raise ConfigError(f"the model has no module of the ops {list(ops)}")
+    return found
+
+
+def _make_observer(name: str, arguments: dict[str, Any]):
+    from lowbit.calibrate import observers
+
+    classes = {"min_max": observers.MinMaxObserver, "moving_average": observers.MovingAverageMinMaxObserver,
+               "percentile": observers.PercentileObserver, "mse": observers.MSEObserver,
+               "histogram": observers.HistogramObserver}  # fmt: skip
+    if name not in classes:
+        raise ConfigError(f"unknown observer {name!r}{did_you_mean(name, classes)}; observers: {', '.join(classes)}")
+    return classes[name](**arguments)
+
+
+def _model_inputs(batch: Any) -> tuple[tuple, dict]:
+    """A batch as the model's arguments: a dict is keyword arguments, a (x, y) pair gives x, a tensor is x."""
+    if isinstance(batch, dict):
+        return (), batch
+    if isinstance(batch, (tuple, list)):
+        return (batch[0],), {}
+    return (batch,), {}
+
+
+@torch.no_grad()
+def calibrate(model: nn.Module, batches: Iterable[Any], *, num_batches: int | None = None,
+              ops: Iterable[str] = DEFAULT_OPS, observer: str = "min_max", observer_args: dict | None = None,
+              bits: int = 8, signed: bool = False, symmetric: bool = False) -> CalibrationState:  # fmt: skip
+    """Observe the input of every target module over ``num_batches`` batches (all when None)."""
+    targets = _targets(model, ops)
+    watchers = {name: _make_observer(observer, dict(observer_args or {})) for name in targets}
+    hooks = [module.register_forward_pre_hook(_watch(watchers[name])) for name, module in targets.items()]
+    was_training, seen = model.training, 0
+    model.eval()
+    try:
+        for batch in batches:
+            if num_batches is not None and seen >= num_batches:
+                break
+            args, kwargs = _model_inputs(batch)
+            model(*args, **kwargs)
+            seen += 1
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(was_training)
+    if seen == 0:
+        raise ConfigError("calibration saw no batches: the data is empty")
+    ranges = {}
+    for name, watcher in watchers.items():
+        low, high = watcher.min_max(bits=bits, signed=signed, symmetric=symmetric)
+        ranges[name] = {"min": torch.atleast_1d(low).double().tolist(), "max": torch.atleast_1d(high).double().tolist()}
+    return CalibrationState(observer, bits, signed, symmetric, ranges, seen)
+
+
+def _watch(observer):
+    def hook(module: nn.Module, inputs: tuple) -> None:
+        observer.update(inputs[0].detach())
+
+    return hook
+
+
+def _weight_keys(bits: int, group_size: int | None) -> dict[str, Any]:
+    keys: dict[str, Any] = {"weight_bits": bits, "weight_symmetric": True}
+    if group_size is None:
+        keys["weight_axis"] = 0
+    else:
+        keys["weight_block_size"] = [1, group_size]
+    return keys
+
+
+def quantize_static(model: nn.Module, state: CalibrationState, *, weight_bits: int = 8,
+                    weight_group_size: int | None = None) -> tuple[nn.Module, dict[str, Any]]:  # fmt: skip
+    """Freeze calibrated activation ranges into static affine formats; weights per channel (or group)."""
+    from lowbit.calibrate.builders import scale_zero_point
+
+    modules = dict(model.named_modules())
+    args: dict[str, Any] = {"by": "name"}
+    for name, entry in state.ranges.items():
+        if name not in modules:
+            raise ConfigError(f"calibration state names module {name!r}, which the model does not have"
+                              f"{did_you_mean(name, [n for n in modules if n])}")  # fmt: skip
+        low, high = torch.tensor(entry["min"]), torch.tensor(entry["max"])
+        scale, zero_point = scale_zero_point(low, high, state.bits, signed=state.signed, symmetric=state.symmetric)
+        config = {"name": "affine", "data_in_bits": state.bits, "data_in_signed": state.signed,
+                  "data_in_scale": float(scale.flatten()[0]), "data_in_zero_point": int(zero_point.flatten()[0]),
+                  **_weight_keys(weight_bits, weight_group_size)}  # fmt: skip
+        args[name] = {"config": config}
+    return quantize_module_transform_pass(model, args)
+
+
+def quantize_dynamic(model: nn.Module, *, bits: int = 8, per: str = "token", weight_bits: int = 8,
+                     ops: Iterable[str] = ("linear",)) -> tuple[nn.Module, dict[str, Any]]:  # fmt: skip
+    """Activation scale and zero point from each call's data (per tensor, or per token = per last-dim row)."""
+    granularity = {"tensor": {}, "token": {"data_in_block_size": [1, -1]}}
+    if per not in granularity:
+        raise ConfigError(f"per={per!r} is not a dynamic granularity; legal: tensor, token")
+    config = {"name": "affine", "data_in_bits": bits, **granularity[per], **_weight_keys(weight_bits, None)}
+    return _by_type(model, ops, config)
+
+
+def quantize_weight_only(model: nn.Module, *, bits: int = 4, group_size: int | None = None,
+                         ops: Iterable[str] = DEFAULT_OPS) -> tuple[nn.Module, dict[str, Any]]:  # fmt: skip
+    """Weights only (symmetric, per output channel, or per group of ``group_size`` inputs); data stays float."""
+    config = {"name": "affine", "data_in_name": "NA", **_weight_keys(bits, group_size)}
+    return _by_type(model, ops, config)
+
+
+def _by_type(model: nn.Module, ops: Iterable[str], config: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
+    targets = _targets(model, ops)
+    args = {"by": "name", **{name: {"config": dict(config)} for name in targets}}
+    return quantize_module_transform_pass(model, args)
