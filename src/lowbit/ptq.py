@@ -26,8 +26,7 @@ from torch import nn
 
 from lowbit._io import atomic_write_text
 from lowbit.errors import ConfigError, did_you_mean
-from lowbit.graph.mase_ops import _classify_module
-from lowbit.graph.module_swap import quantize_module_transform_pass
+from lowbit.graph.module_swap import quantize_module_transform_pass, swappable_modules
 from lowbit.nn.config import OP_ROLES
 
 DEFAULT_OPS = ("linear", "conv1d", "conv2d")
@@ -83,7 +82,7 @@ def _targets(model: nn.Module, ops: Iterable[str]) -> dict[str, nn.Module]:
     for op in ops:
         if op not in OP_ROLES:
             raise ConfigError(f"unknown op {op!r}{did_you_mean(op, OP_ROLES)}; ops: {', '.join(OP_ROLES)}")
-    found = {name: m for name, m in model.named_modules() if name and _classify_module(m).mase_op in ops}
+    found = {name: module for name, module, op in swappable_modules(model) if op in ops}
     if not found:
         raise ConfigError(f"the model has no module of the ops {list(ops)}")
     return found

@@ -27,7 +27,7 @@ def quantize_module_transform_pass(model: nn.Module, pass_args: dict[str, Any]) 
     """Swap the selected modules of ``model`` (in place) for quantized copies; returns (model, info)."""
     if not isinstance(model, nn.Module):
         raise ConfigError(f"quantize_module_transform_pass needs an nn.Module, got {type(model).__name__}")
-    candidates = _candidates(model)
+    candidates = swappable_modules(model)
     all_names = [name for name, _ in model.named_modules() if name]
     selector = Selector(pass_args, all_names, "module name of this model")
     plan, skipped = [], []
@@ -45,7 +45,7 @@ def quantize_module_transform_pass(model: nn.Module, pass_args: dict[str, Any]) 
     return model, {"quantized": [name for name, *_ in plan], "skipped": skipped, "counts": dict(counts)}
 
 
-def _candidates(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+def swappable_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     """(qualified name, module, mase_op) of every module a quantized module exists for."""
     found = []
     for name, module in model.named_modules():

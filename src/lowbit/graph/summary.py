@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -105,10 +106,4 @@ def print_table(title: str, columns: tuple[str, ...], rows: list[dict[str, Any]]
         table.add_column(column)
     for row in rows:
         table.add_row(*(str(row[c]) for c in columns))
-    Console(width=None if _is_terminal() else 200).print(table)
-
-
-def _is_terminal() -> bool:
-    import sys
-
-    return sys.stdout.isatty()
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
