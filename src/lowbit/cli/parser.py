@@ -1,0 +1,75 @@
+"""The argument parser: one sub-command per action; run options as flags with MASE's names."""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+from lowbit.config.options import OPTIONS
+from lowbit.errors import LowbitError
+
+RUN_COMMANDS = {
+    "train": "train a built-in model (or a transformed one: quantization-aware training) with Lightning",
+    "test": "evaluate a checkpoint on the test split",
+    "transform": "run the [passes.*] of a config (profile, quantize, calibrate, report ...) and save the result",
+    "report": "quantization report of a config's transform: per-layer error, bits, sensitivity, HTML",
+}
+
+
+class UsageError(LowbitError):
+    """Bad command-line arguments."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, exit 2 (through main), instead of usage + message
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_positional", nargs="?", metavar="MODEL", default=argparse.SUPPRESS)
+    parser.add_argument("dataset_positional", nargs="?", metavar="DATASET", default=argparse.SUPPRESS)
+    parser.add_argument("--config", help="TOML config (run options at the top level, [passes.*] tables)")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser.add_argument("--print-config", dest="print_config", type=_bool, default=True,
+                        help="print the effective configuration table (default true)")  # fmt: skip
+    for option in OPTIONS:
+        kind = _bool if option.kind is bool else option.kind
+        parser.add_argument(option.flag, dest=option.name, type=kind, choices=option.choices,
+                            default=argparse.SUPPRESS, help=f"{option.help} (default: {option.default})")  # fmt: skip
+    parser.add_argument("--load-name", dest="load", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    parser.add_argument("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS,
+                        help="no progress bars")  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from lowbit.cli import commands, tools
+
+    parser = _Parser(prog="lowbit", description="Quantize PyTorch models to any arithmetic and measure what it costs.")
+    parser.add_argument("-V", "--version", action="version", version=f"lowbit {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, required=True)
+    for name, text in RUN_COMMANDS.items():
+        command = sub.add_parser(name, help=text, description=text)
+        _add_run_options(command)
+        if name == "report":
+            tools.add_report_arguments(command)
+        command.set_defaults(command_function=getattr(commands, f"run_{name}"))
+    tools.add_tool_commands(sub)
+    return parser
+
+
+def _version() -> str:
+    from lowbit import __version__
+
+    return __version__
+
+
+__all__ = ["UsageError", "build_parser"]

@@ -1,0 +1,125 @@
+"""What ``lowbit train | test | transform`` do, as library functions (the CLI only parses and prints).
+
+Outputs go under ``<project_dir>/<project>/software/``: ``training_ckpts/`` (best.ckpt, last.ckpt and,
+when a transformed model was trained, ``transformed_ckpt/``), ``transform/`` (files the passes write,
+then ``transformed_ckpt/``), ``test/metrics.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lowbit._io import atomic_write_text
+from lowbit.config.toml_config import RunConfig
+from lowbit.errors import ConfigError
+from lowbit.pipeline.catalog import build_model, check_pair, dataset_info, make_loader, model_inputs
+from lowbit.pipeline.checkpoints import infer_load_type, load_checkpoint, save_lowbit
+from lowbit.pipeline.passes import PASSES, TransformRun, check_pass_keys, check_quantize
+
+
+def software_dir(options: Any) -> Path:
+    return Path(options["project_dir"]) / options["project"] / "software"
+
+
+def prepare(options: Any) -> None:
+    """Check model / dataset and fill in the task from the dataset (in place)."""
+    model, dataset = check_pair(options["model"], options["dataset"])
+    options.values.update(model=model, dataset=dataset, task=dataset_info(dataset).task)
+
+
+def load_model(options: Any) -> nn.Module:
+    """The built-in model, with the ``--load`` checkpoint applied (a lowbit folder replaces the model)."""
+    torch.manual_seed(options["seed"])
+    if options["load"] is not None and (options["load_type"] or infer_load_type(options["load"])) == "lowbit":
+        return load_checkpoint(None, options["load"], "lowbit")
+    model = build_model(options["model"], options["dataset"])
+    if options["load"] is not None:
+        model = load_checkpoint(model, options["load"], options["load_type"])
+    return model
+
+
+# ---- train --------------------------------------------------------------------------------------------------
+def train(options: Any) -> dict[str, Any]:
+    from lowbit.pipeline.evaluate import evaluate
+    from lowbit.train import fit
+
+    model = load_model(options)
+    root = software_dir(options)
+    result = fit(model, options, root / "training_ckpts", root / "logs")
+    summary: dict[str, Any] = {"best": str(result.best), "last": str(result.last), "is_global_zero": result.is_global_zero}
+    if not result.is_global_zero:
+        return summary
+    if result.best is not None:  # evaluate (and, for QAT, save) the best weights
+        state = torch.load(result.best, map_location="cpu", weights_only=True)["state_dict"]
+        result.module.load_state_dict(state)
+    trained = result.module.model
+    summary["metrics"] = {f"val_{k}": v for k, v in evaluate(trained, options, "validation").items()}
+    if _is_transformed(trained):
+        directory = root / "training_ckpts" / "transformed_ckpt"
+        save_lowbit(trained, directory, model_name=options["model"], dataset=options["dataset"])
+        summary["transformed"] = str(directory)
+    return summary
+
+
+def _is_transformed(model: nn.Module) -> bool:
+    from lowbit.nn.modules import QuantModule
+
+    return isinstance(model, torch.fx.GraphModule) or any(isinstance(m, QuantModule) for m in model.modules())
+
+
+# ---- test ---------------------------------------------------------------------------------------------------
+def test(options: Any) -> dict[str, Any]:
+    from lowbit.pipeline.evaluate import evaluate
+
+    if options["load"] is None and options["task"] != "embedding":
+        raise ConfigError("lowbit test needs --load: a checkpoint to evaluate (a fresh model would be untrained)")
+    metrics = evaluate(load_model(options), options)
+    path = software_dir(options) / "test" / "metrics.json"
+    atomic_write_text(path, json.dumps(metrics, indent=1) + "\n")
+    return {"metrics": metrics, "files": [str(path)]}
+
+
+# ---- transform ----------------------------------------------------------------------------------------------
+def transform(options: Any, config: RunConfig) -> dict[str, Any]:
+    if not config.passes:
+        raise ConfigError(f"{config.path or 'the config'} has no [passes.*] tables: nothing to transform")
+    for name, args in config.passes:
+        check_pass_keys(name, args, config.style)
+    model = load_model(options)
+    run = TransformRun(_captured(model, options, config.style), copy.deepcopy(model).eval(), options,
+                       software_dir(options) / "transform", config.style)  # fmt: skip
+    for name, args in config.passes:  # check every quantize table before any pass does real work
+        if name == "quantize":
+            check_quantize(run, args)
+    for name, args in config.passes:
+        run.infos[name] = PASSES[name].run(run, args)
+    directory = run.out_dir / "transformed_ckpt"
+    save_lowbit(run.model if config.style == "graph" else run.module, directory, model_name=options["model"],
+                dataset=options["dataset"], quantize_args=run.quantize_args)  # fmt: skip
+    return {"passes": run.infos, "transformed": str(directory), "model": run.module}
+
+
+def _captured(model: nn.Module, options: Any, style: str) -> Any:
+    """Graph style: the traced QGraph with common and software metadata from the first training batch."""
+    if style == "module":
+        return model
+    from lowbit.graph import QGraph, add_common_metadata_analysis_pass, add_software_metadata_analysis_pass
+    from lowbit.graph import init_metadata_analysis_pass
+
+    graph = QGraph(model)
+    graph, _ = init_metadata_analysis_pass(graph)
+    batch = model_inputs(next(iter(make_loader(options["dataset"], "train", options["batch_size"]))))
+    placeholders = [node.name for node in graph.model.graph.nodes if node.op == "placeholder"]
+    dummy = dict(batch) if isinstance(batch, dict) else {placeholders[0]: batch}
+    graph, _ = add_common_metadata_analysis_pass(graph, {"dummy_in": dummy, "add_value": False})
+    graph, _ = add_software_metadata_analysis_pass(graph)
+    return graph
+
+
+__all__ = ["load_model", "prepare", "software_dir", "test", "train", "transform"]

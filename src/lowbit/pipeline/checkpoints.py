@@ -1,0 +1,150 @@
+"""Loading and saving the checkpoints the ``lowbit`` commands exchange. Nothing here unpickles code.
+
+Load types (``--load-type``; by default inferred from the path):
+
+- ``pt``: a state dict saved with ``torch.save`` (read with ``weights_only=True``), a dict holding one under
+  ``"state_dict"``, or a ``.safetensors`` file of tensors; loaded strictly into the built-in model.
+- ``pl``: a Lightning checkpoint (``.ckpt``, read with ``weights_only=True``); its ``model.`` key prefix,
+  added by the Lightning wrapper, is removed.
+- ``lowbit``: a folder written by ``lowbit transform`` / ``lowbit train``: a graph saved by
+  :func:`lowbit.graph.save_graph`, or a module-style model (``module.json`` + ``state.safetensors``:
+  the built-in model name and the quantize pass_args that rebuild it, then its tensors).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lowbit._io import atomic_write_bytes, atomic_write_text
+from lowbit.errors import ConfigError
+
+LOAD_TYPES = ("pt", "pl", "lowbit")
+MODULE_SCHEMA, MODULE_VERSION = "lowbit.module", 1
+
+
+def infer_load_type(path: str | os.PathLike) -> str:
+    path = Path(path)
+    if path.is_dir():
+        return "lowbit"
+    return "pl" if path.suffix == ".ckpt" else "pt"
+
+
+def load_checkpoint(model: nn.Module | None, path: str | os.PathLike, load_type: str | None) -> nn.Module:
+    """``model`` with the checkpoint's weights (``pt`` / ``pl``), or the saved model itself (``lowbit``)."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"checkpoint {path} does not exist")
+    load_type = load_type or infer_load_type(path)
+    if load_type == "lowbit":
+        return load_lowbit(path)
+    if model is None:
+        raise ConfigError(f"a {load_type} checkpoint holds weights only: name the model it belongs to")
+    state = _read_state(path)
+    if load_type == "pl":
+        state = _lightning_state(state, path)
+    elif isinstance(state.get("state_dict"), Mapping):
+        state = state["state_dict"]
+    load_state_strict(model, state, str(path))
+    return model
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder; a pt / pl checkpoint is a file (a folder loads with --load-type lowbit)")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return dict(load_file(str(path)))
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # corrupt, truncated, or holding objects that weights_only refuses
+        raise ConfigError(f"cannot read checkpoint {path}: {type(error).__name__}: {str(error).splitlines()[0]}") from None
+    if not isinstance(state, Mapping):
+        raise ConfigError(f"checkpoint {path} holds a {type(state).__name__}, not a state dict")
+    return dict(state)
+
+
+def _lightning_state(checkpoint: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    state = checkpoint.get("state_dict")
+    if not isinstance(state, Mapping):
+        raise ConfigError(f"{path} is not a Lightning checkpoint (no 'state_dict' entry); try --load-type pt")
+    prefix = "model."
+    return {key[len(prefix):] if key.startswith(prefix) else key: value for key, value in state.items()}
+
+
+def load_state_strict(model: nn.Module, state: Mapping[str, Any], where: str) -> None:
+    """Load every tensor; ConfigError listing missing / unexpected / mis-shaped keys otherwise."""
+    own = model.state_dict()
+    missing = [key for key in own if key not in state]
+    unexpected = [key for key in state if key not in own]
+    shapes = [f"{key} {tuple(state[key].shape)} != {tuple(own[key].shape)}" for key in own
+              if key in state and isinstance(state[key], torch.Tensor) and state[key].shape != own[key].shape]  # fmt: skip
+    problems = [f"{label}: {', '.join(items[:4])}{' ...' if len(items) > 4 else ''}"
+                for label, items in (("missing", missing), ("unexpected", unexpected), ("shape", shapes)) if items]  # fmt: skip
+    if problems:
+        raise ConfigError(f"checkpoint {where} does not match the model {type(model).__name__} ({'; '.join(problems)})")
+    model.load_state_dict(state, strict=True)
+
+
+# ---- lowbit folders ---------------------------------------------------------------------------------------
+def save_lowbit(model: nn.Module, directory: str | os.PathLike, *, model_name: str | None = None,
+                dataset: str | None = None, quantize_args: Any = None) -> list[Path]:  # fmt: skip
+    """Save a transformed model: an fx graph with :func:`save_graph`; any other module in module style."""
+    from torch import fx
+
+    from lowbit.graph import QGraph, save_graph
+
+    directory = Path(directory)
+    if isinstance(model, (QGraph, fx.GraphModule)):
+        return save_graph(model, directory)
+    if model_name is None:
+        raise ConfigError("saving a module-style model needs the built-in model name that rebuilds it")
+    from safetensors.torch import save as to_bytes
+
+    state = {key: value.detach().contiguous() for key, value in model.state_dict().items()}
+    doc = {"schema": MODULE_SCHEMA, "version": MODULE_VERSION, "model": model_name, "dataset": dataset,
+           "quantize": quantize_args}  # fmt: skip
+    atomic_write_bytes(directory / "state.safetensors", to_bytes(state))
+    atomic_write_text(directory / "module.json", json.dumps(doc, indent=1, default=_not_json))
+    return [directory / "state.safetensors", directory / "module.json"]
+
+
+def _not_json(value: Any) -> Any:
+    raise ConfigError(f"a module-style model's quantize config must be plain data; {value!r} is not")
+
+
+def load_lowbit(directory: Path) -> nn.Module:
+    from lowbit.graph import load_graph
+
+    if not directory.is_dir():
+        raise ConfigError(f"a lowbit checkpoint is a folder written by lowbit transform / train; {directory} is a file")
+    if (directory / "module.json").exists():
+        return _load_module_style(directory)
+    return load_graph(directory).model
+
+
+def _load_module_style(directory: Path) -> nn.Module:
+    from lowbit.graph import quantize_module_transform_pass
+    from lowbit.pipeline.catalog import build_model
+
+    try:
+        doc = json.loads((directory / "module.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"cannot read {directory / 'module.json'}: {error}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != MODULE_SCHEMA or doc.get("version") != MODULE_VERSION:
+        raise ConfigError(f"{directory / 'module.json'} is not a lowbit module checkpoint (schema {MODULE_SCHEMA} v{MODULE_VERSION})")
+    model = build_model(doc.get("model"), doc.get("dataset"))
+    if doc.get("quantize") is not None:
+        model, _ = quantize_module_transform_pass(model, doc["quantize"])
+    load_state_strict(model, _read_state(directory / "state.safetensors"), str(directory))
+    return model
+
+
+__all__ = ["LOAD_TYPES", "infer_load_type", "load_checkpoint", "load_lowbit", "load_state_strict", "save_lowbit"]

@@ -1,0 +1,208 @@
+"""The passes a TOML config can name (``[passes.<name>]``), each a thin adapter from the config's table to
+a library function. Adapters fill in what a file cannot hold (the data, the float model, output paths) and
+resolve relative paths against the run's transform folder.
+
+Every adapter declares its keys, so a config is checked (unknown key -> nearest valid one) before any
+pass runs; ``quantize``'s per-node configs are checked by a dry run on a copy of the graph.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from lowbit.errors import ConfigError, did_you_mean
+
+
+@dataclass
+class TransformRun:
+    """What the passes share: the model (a QGraph in graph style, an nn.Module in module style), a float copy
+    made before any pass, the run options, the output folder and the data."""
+
+    model: Any
+    float_model: nn.Module
+    options: Any
+    out_dir: Path
+    style: str
+    quantize_args: Any = None  # module style: what rebuilds the model when it is loaded
+    infos: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def module(self) -> nn.Module:
+        return self.model.model if self.style == "graph" else self.model
+
+    def path(self, value: Any, key: str, pass_name: str) -> Path:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"[passes.{pass_name}] {key} must be a non-empty path string, got {value!r}")
+        path = Path(value)
+        return path if path.is_absolute() else self.out_dir / path
+
+    def loader(self, split: str, *, shuffle: bool = False):
+        from lowbit.pipeline.catalog import make_loader
+
+        o = self.options
+        return make_loader(o["dataset"], split, o["batch_size"], shuffle=shuffle, seed=o["seed"], num_workers=o["num_workers"])
+
+    def inputs(self, split: str, batches: int | None):
+        from lowbit.pipeline.catalog import model_inputs
+
+        return [model_inputs(batch) for batch in itertools.islice(self.loader(split), batches)]
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    run: Callable[[TransformRun, dict[str, Any]], Any]
+    keys: tuple[str, ...] | None  # None: the pass checks its own table (dry run)
+    graph_only: bool = True
+
+
+def _graph_pass(function_name: str, keys: tuple[str, ...], paths: tuple[str, ...] = ()) -> PassSpec:
+    def run(run: TransformRun, args: dict[str, Any]) -> Any:
+        import lowbit.graph as graph_module
+
+        args = {k: (str(run.path(v, k, function_name)) if k in paths and v is not None else v) for k, v in args.items()}
+        run.model, info = getattr(graph_module, function_name)(run.model, args)
+        return info
+
+    return PassSpec(run, keys)
+
+
+# ---- adapters -----------------------------------------------------------------------------------------------
+def _profile(run: TransformRun, args: dict[str, Any]) -> Any:
+    from lowbit.graph import profile_statistics_analysis_pass
+
+    from lowbit.pipeline.progress import progress
+
+    batches = run.inputs("train", None)
+    samples = args.get("num_samples")
+    args = {**args, "input_generator": progress(batches, "profiling", enabled=run.options["progress"])}
+    if samples is not None:
+        args["num_samples"] = samples
+    run.model, info = profile_statistics_analysis_pass(run.model, args)
+    return info
+
+
+def _quantize(run: TransformRun, args: dict[str, Any]) -> Any:
+    from lowbit.graph import quantize_module_transform_pass, quantize_transform_pass, summarize_quantization_analysis_pass
+
+    if run.style == "module":
+        run.model, info = quantize_module_transform_pass(run.model, args)
+        run.quantize_args = copy.deepcopy(args)
+        return info
+    run.model, info = quantize_transform_pass(run.model, args)
+    if args.get("report"):
+        summary_dir = run.out_dir / "quantize"
+        summarize_quantization_analysis_pass(run.model, {"save_dir": str(summary_dir), "print": run.options["progress"]})
+    return info
+
+
+def check_quantize(run: TransformRun, args: dict[str, Any]) -> None:
+    """Dry run of the quantize pass on a copy: every node's config checked before any real work."""
+    from lowbit.graph import QGraph, quantize_module_transform_pass, quantize_transform_pass
+
+    if run.style == "module":
+        quantize_module_transform_pass(copy.deepcopy(run.model), args)
+    else:
+        quantize_transform_pass(QGraph(copy.deepcopy(run.model.model)), args)
+
+
+_CALIBRATE_KEYS = ("num_batches", "observer", "observer_args", "bits", "signed", "symmetric", "weight_bits",
+                   "weight_group_size", "ops", "save_path")  # fmt: skip
+
+
+def _calibrate(run: TransformRun, args: dict[str, Any]) -> Any:
+    from lowbit import ptq
+
+    options = {"num_batches": 8, "observer": "min_max", "observer_args": None, "bits": 8, "signed": False,
+               "symmetric": False, "weight_bits": 8, "weight_group_size": None, "ops": list(ptq.DEFAULT_OPS),
+               "save_path": "calibration.json", **args}  # fmt: skip
+    from lowbit.pipeline.progress import progress
+
+    batches = progress(run.inputs("train", options["num_batches"]), "calibrating", enabled=run.options["progress"])
+    state = ptq.calibrate(run.module, batches, ops=options["ops"], observer=options["observer"],
+                          observer_args=options["observer_args"], bits=options["bits"], signed=options["signed"],
+                          symmetric=options["symmetric"])  # fmt: skip
+    state.save(run.path(options["save_path"], "save_path", "calibrate"))
+    _, info = ptq.quantize_static(run.module, state, weight_bits=options["weight_bits"],
+                                  weight_group_size=options["weight_group_size"])  # fmt: skip
+    return info
+
+
+def _dynamic(run: TransformRun, args: dict[str, Any]) -> Any:
+    from lowbit import ptq
+
+    _, info = ptq.quantize_dynamic(run.module, **args)
+    return info
+
+
+def _weight_only(run: TransformRun, args: dict[str, Any]) -> Any:
+    from lowbit import ptq
+
+    _, info = ptq.quantize_weight_only(run.module, **args)
+    return info
+
+
+def _save_statistics(run: TransformRun, args: dict[str, Any]) -> Any:
+    from lowbit.graph import save_statistics
+
+    path = run.path(args.get("save_path"), "save_path", "save_statistics")
+    save_statistics(run.model, path)
+    return {"files": [str(path)]}
+
+
+_REPORT_KEYS = ("num_batches", "sensitivity", "histogram_layers", "save_dir", "print_table", "metric")
+
+
+def _quantization_report(run: TransformRun, args: dict[str, Any]) -> Any:
+    from lowbit.report import quantization_report_analysis_pass
+
+    options = {"num_batches": 4, "save_dir": "report", **args}
+    loader = list(itertools.islice(run.loader("test"), options.pop("num_batches")))
+    from lowbit.pipeline.catalog import model_inputs
+
+    pass_args = {"float_model": run.float_model, "inputs": [model_inputs(b) for b in loader],
+                 "save_dir": str(run.path(options.pop("save_dir"), "save_dir", "quantization_report")), **options}  # fmt: skip
+    if run.options["task"] == "classification":
+        pass_args["labels"] = [batch[1] for batch in loader]
+    _, info = quantization_report_analysis_pass(run.model, pass_args)
+    return info
+
+
+PASSES: dict[str, PassSpec] = {
+    "profile_statistics": PassSpec(_profile, ("by", "target_weight_nodes", "target_activation_nodes", "weight_statistics",
+                                              "activation_statistics", "num_samples", "profile_output_activation")),
+    "quantize": PassSpec(_quantize, None, graph_only=False),
+    "calibrate": PassSpec(_calibrate, _CALIBRATE_KEYS, graph_only=False),
+    "quantize_dynamic": PassSpec(_dynamic, ("bits", "per", "weight_bits", "ops"), graph_only=False),
+    "quantize_weight_only": PassSpec(_weight_only, ("bits", "group_size", "ops"), graph_only=False),
+    "summarize_quantization": _graph_pass("summarize_quantization_analysis_pass", ("save_dir", "print"), ("save_dir",)),
+    "report_node_type": _graph_pass("report_node_type_analysis_pass", ("print",)),
+    "report_node_shape": _graph_pass("report_node_shape_analysis_pass", ("print",)),
+    "report_node_meta_param": _graph_pass("report_node_meta_param_analysis_pass", ("which", "save_path", "print"), ("save_path",)),
+    "verify_common_metadata": _graph_pass("verify_common_metadata_analysis_pass", ()),
+    "save_node_meta_param": _graph_pass("save_node_meta_param_interface_pass", ("save_path",), ("save_path",)),
+    "save_mase_graph": _graph_pass("save_mase_graph_interface_pass", ("save_dir",), ("save_dir",)),
+    "save_statistics": PassSpec(_save_statistics, ("save_path",)),
+    "quantization_report": PassSpec(_quantization_report, _REPORT_KEYS, graph_only=False),
+}
+
+
+def check_pass_keys(name: str, args: dict[str, Any], style: str) -> None:
+    spec = PASSES[name]
+    if spec.graph_only and style == "module":
+        raise ConfigError(f"[passes.{name}] needs a traced graph; it cannot run with transform.style = 'module'")
+    if spec.keys is None:
+        return
+    for key in args:
+        if key not in spec.keys:
+            valid = ", ".join(spec.keys) or "none"
+            raise ConfigError(f"[passes.{name}]: unknown key {key!r}{did_you_mean(key, spec.keys)}; valid keys: {valid}")
+
+
+__all__ = ["PASSES", "PassSpec", "TransformRun", "check_pass_keys", "check_quantize"]

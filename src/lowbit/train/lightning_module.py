@@ -1,0 +1,80 @@
+"""The Lightning wrappers: a classifier module (cross-entropy, accuracy) and a data module over the built-in
+datasets. A fake-quantized model trains through them unchanged: lowbit's quantizers pass gradients
+straight through, so training a transformed model is quantization-aware training."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+
+from lowbit.pipeline.catalog import make_loader
+
+OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+
+
+class ClassifierModule(L.LightningModule):
+    """Wraps ``model`` (logits out); logs train_loss / train_acc per step, val_loss / val_acc per epoch."""
+
+    def __init__(self, model: nn.Module, *, learning_rate: float = 1e-3, weight_decay: float = 0.0,
+                 optimizer: str = "adam", max_epochs: int = 1) -> None:  # fmt: skip
+        super().__init__()
+        self.model = model
+        self.learning_rate, self.weight_decay = learning_rate, weight_decay
+        self.optimizer_name, self.max_epochs = optimizer, max_epochs
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def _step(self, batch: Any, stage: str) -> torch.Tensor:
+        x, y = batch
+        logits = self.model(x)
+        loss = self.loss(logits, y)
+        accuracy = (logits.argmax(dim=-1) == y).float().mean()
+        on_step = stage == "train"
+        self.log(f"{stage}_loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=not on_step)
+        self.log(f"{stage}_acc", accuracy, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=not on_step)
+        return loss
+
+    def training_step(self, batch: Any, batch_index: int) -> torch.Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: Any, batch_index: int) -> None:
+        self._step(batch, "val")
+
+    def test_step(self, batch: Any, batch_index: int) -> None:
+        self._step(batch, "test")
+
+    def configure_optimizers(self):
+        optimizer_class = OPTIMIZERS[self.optimizer_name]
+        extra = {"momentum": 0.9} if self.optimizer_name == "sgd" else {}
+        optimizer = optimizer_class(self.parameters(), lr=self.learning_rate, weight_decay=self.weight_decay, **extra)
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, self.max_epochs))
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
+
+
+class DataModule(L.LightningDataModule):
+    """train / validation / test loaders of a built-in dataset; the training order is seeded."""
+
+    def __init__(self, dataset: str, batch_size: int, *, seed: int = 0, num_workers: int = 0) -> None:
+        super().__init__()
+        self.dataset, self.batch_size, self.seed, self.num_workers = dataset, batch_size, seed, num_workers
+
+    def _loader(self, split: str, shuffle: bool = False):
+        return make_loader(self.dataset, split, self.batch_size, shuffle=shuffle, seed=self.seed,
+                           num_workers=self.num_workers)  # fmt: skip
+
+    def train_dataloader(self):
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self):
+        return self._loader("validation")
+
+    def test_dataloader(self):
+        return self._loader("test")
+
+
+__all__ = ["ClassifierModule", "DataModule", "OPTIMIZERS"]
