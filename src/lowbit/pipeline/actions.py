@@ -60,6 +60,8 @@ def train(options: Any) -> dict[str, Any]:
         result.module.load_state_dict(state)
     trained = result.module.model
     summary["metrics"] = {f"val_{k}": v for k, v in evaluate(trained, options, "validation").items()}
+    metrics_path = root / "training_ckpts" / "metrics.json"
+    atomic_write_text(metrics_path, json.dumps({**summary["metrics"], "best": summary["best"]}, indent=1) + "\n")
     if _is_transformed(trained):
         directory = root / "training_ckpts" / "transformed_ckpt"
         save_lowbit(trained, directory, model_name=options["model"], dataset=options["dataset"])

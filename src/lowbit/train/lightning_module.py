@@ -35,8 +35,8 @@ class ClassifierModule(L.LightningModule):
         loss = self.loss(logits, y)
         accuracy = (logits.argmax(dim=-1) == y).float().mean()
         on_step = stage == "train"
-        self.log(f"{stage}_loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=not on_step)
-        self.log(f"{stage}_acc", accuracy, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=not on_step)
+        self.log(f"{stage}_loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=True)
+        self.log(f"{stage}_acc", accuracy, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=True)
         return loss
 
     def training_step(self, batch: Any, batch_index: int) -> torch.Tensor:
