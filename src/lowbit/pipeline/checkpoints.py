@@ -27,6 +27,7 @@ from lowbit.errors import ConfigError
 
 LOAD_TYPES = ("pt", "pl", "lowbit")
 MODULE_SCHEMA, MODULE_VERSION = "lowbit.module", 1
+RUN_SCHEMA, RUN_FILE = "lowbit.run", "run.json"  # which built-in model / dataset a saved graph came from
 
 
 def infer_load_type(path: str | os.PathLike) -> str:
@@ -103,7 +104,10 @@ def save_lowbit(model: nn.Module, directory: str | os.PathLike, *, model_name: s
 
     directory = Path(directory)
     if isinstance(model, (QGraph, fx.GraphModule)):
-        return save_graph(model, directory)
+        files = save_graph(model, directory)
+        about = {"schema": RUN_SCHEMA, "model": model_name, "dataset": dataset}
+        atomic_write_text(directory / RUN_FILE, json.dumps(about, indent=1) + "\n")
+        return [*files, directory / RUN_FILE]
     if model_name is None:
         raise ConfigError("saving a module-style model needs the built-in model name that rebuilds it")
     from safetensors.torch import save as to_bytes
@@ -130,6 +134,19 @@ def load_lowbit(directory: Path) -> nn.Module:
     return load_graph(directory).model
 
 
+def saved_origin(directory: str | os.PathLike) -> tuple[str | None, str | None]:
+    """(model, dataset) names recorded beside a saved model, (None, None) if none were."""
+    directory = Path(directory)
+    for name in ("module.json", RUN_FILE):
+        try:
+            doc = json.loads((directory / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            return doc.get("model"), doc.get("dataset")
+    return None, None
+
+
 def _load_module_style(directory: Path) -> nn.Module:
     from lowbit.graph import quantize_module_transform_pass
     from lowbit.pipeline.catalog import build_model
@@ -147,4 +164,5 @@ def _load_module_style(directory: Path) -> nn.Module:
     return model
 
 
-__all__ = ["LOAD_TYPES", "infer_load_type", "load_checkpoint", "load_lowbit", "load_state_strict", "save_lowbit"]
+__all__ = ["LOAD_TYPES", "infer_load_type", "load_checkpoint", "load_lowbit", "load_state_strict", "save_lowbit",
+           "saved_origin"]  # fmt: skip
