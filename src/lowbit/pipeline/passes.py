@@ -160,18 +160,18 @@ _REPORT_KEYS = ("num_batches", "sensitivity", "histogram_layers", "save_dir", "p
 
 
 def _quantization_report(run: TransformRun, args: dict[str, Any]) -> Any:
+    from lowbit.pipeline.catalog import model_inputs
     from lowbit.report import quantization_report_analysis_pass
 
-    options = {"num_batches": 4, "save_dir": "report", **args}
-    loader = list(itertools.islice(run.loader("test"), options.pop("num_batches")))
-    from lowbit.pipeline.catalog import model_inputs
-
-    pass_args = {"float_model": run.float_model, "inputs": [model_inputs(b) for b in loader],
-                 "save_dir": str(run.path(options.pop("save_dir"), "save_dir", "quantization_report")), **options}  # fmt: skip
+    options = {"num_batches": 4, "save_dir": "report", "print_table": True, **args}
+    batches = list(itertools.islice(run.loader("test"), options.pop("num_batches")))
+    save_dir = run.path(options.pop("save_dir"), "save_dir", "quantization_report")
+    pass_args = {"float_model": run.float_model, "inputs": [model_inputs(b) for b in batches], "save_dir": str(save_dir),
+                 **options}  # fmt: skip
     if run.options["task"] == "classification":
-        pass_args["labels"] = [batch[1] for batch in loader]
+        pass_args["labels"] = [batch[1] for batch in batches]
     _, info = quantization_report_analysis_pass(run.model, pass_args)
-    return info
+    return {**info, "files": [str(save_dir / "report.json"), str(save_dir / "report.html")]}
 
 
 PASSES: dict[str, PassSpec] = {
