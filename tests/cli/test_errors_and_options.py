@@ -129,3 +129,12 @@ def test_version(capsys):
         build_parser().parse_args(["--version"])
     assert exit_info.value.code == 0
     assert "lowbit" in capsys.readouterr().out
+
+
+def test_a_saved_model_of_another_kind_is_refused(lowbit_cli, tmp_path):
+    config = _write(tmp_path, TOY + QUANTIZE)
+    status, out, err = lowbit_cli("transform", "--config", config, "--project", "t")
+    assert status == 0, err
+    folder = lowbit_cli.software("t") / "transform" / "transformed_ckpt"
+    line = _one_line_error(lowbit_cli, "test", "digits_mlp", "digits", "--load", str(folder))
+    assert "holds a 'toy' model, not 'digits_mlp'" in line

@@ -19,7 +19,7 @@ from lowbit._io import atomic_write_text
 from lowbit.config.toml_config import RunConfig
 from lowbit.errors import ConfigError
 from lowbit.pipeline.catalog import build_model, check_pair, dataset_info, make_loader, model_inputs
-from lowbit.pipeline.checkpoints import infer_load_type, load_checkpoint, save_lowbit
+from lowbit.pipeline.checkpoints import infer_load_type, load_checkpoint, save_lowbit, saved_origin
 from lowbit.pipeline.passes import PASSES, TransformRun, check_pass_keys, check_quantize
 
 
@@ -37,6 +37,9 @@ def load_model(options: Any) -> nn.Module:
     """The built-in model, with the ``--load`` checkpoint applied (a lowbit folder replaces the model)."""
     torch.manual_seed(options["seed"])
     if options["load"] is not None and (options["load_type"] or infer_load_type(options["load"])) == "lowbit":
+        saved_model, saved_dataset = saved_origin(options["load"])
+        if saved_model not in (None, options["model"]):
+            raise ConfigError(f"{options['load']} holds a {saved_model!r} model, not {options['model']!r}")
         return load_checkpoint(None, options["load"], "lowbit")
     model = build_model(options["model"], options["dataset"])
     if options["load"] is not None:
