@@ -3,7 +3,8 @@ format per layer, and compared with its float self on the digits test split.
 
     .venv/bin/python examples/make_report_docs.py
 
-Writes the charts to docs/images/report_*.png and the report to docs/images/report_example.json, and replaces the text between the "example" markers of docs/report.md with the new numbers.
+Writes the charts to docs/images/report_*.png and the report to docs/images/report_example.json, and
+replaces the text between the "example" markers of docs/report.md with the new numbers.
 """
 
 from __future__ import annotations

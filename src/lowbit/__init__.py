@@ -10,6 +10,8 @@ from lowbit.api import quantize
 from lowbit.backend import get_backend, set_backend
 from lowbit.errors import ConfigError, FormatError, LowbitError
 from lowbit.formats import ROUNDING_MODES, FormatSpec, get_format, list_formats
+from lowbit.export import load, save  # safetensors is imported only when they run
+from lowbit.qtensor import QTensor, encode
 
 __version__ = "0.1.0"
 
@@ -17,3 +19,4 @@ __all__ = [
     "ConfigError", "FormatError", "FormatSpec", "LowbitError", "ROUNDING_MODES",
     "formats", "get_backend", "get_format", "list_formats", "quantize", "set_backend", "__version__",
 ]  # fmt: skip
+__all__ += ["QTensor", "encode", "load", "save"]

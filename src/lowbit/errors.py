@@ -22,6 +22,10 @@ class ConfigError(LowbitError, ValueError):
     """A configuration (pass_args, TOML, statistics file) is missing a key or has a bad one."""
 
 
+class ReportError(ConfigError):
+    """The quantization report cannot compare the models it was given (layers that do not match, no data)."""
+
+
 def nearest_name(name: str, candidates: Iterable[str]) -> str | None:
     """The candidate closest to ``name`` (for "did you mean ...?" hints), or None if nothing is close."""
     matches = difflib.get_close_matches(str(name), list(candidates), n=1, cutoff=0.5)
