@@ -10,6 +10,7 @@ from lowbit.api import quantize
 from lowbit.backend import get_backend, set_backend
 from lowbit.errors import ConfigError, FormatError, LowbitError
 from lowbit.formats import ROUNDING_MODES, FormatSpec, get_format, list_formats
+from lowbit.convert import quantize_model  # lowbit.ops (kernels) is imported on first use
 from lowbit.export import load, save  # safetensors is imported only when they run
 from lowbit.qtensor import QTensor, encode
 
@@ -20,3 +21,4 @@ __all__ = [
     "formats", "get_backend", "get_format", "list_formats", "quantize", "set_backend", "__version__",
 ]  # fmt: skip
 __all__ += ["QTensor", "encode", "load", "save"]
+__all__ += ["quantize_model"]

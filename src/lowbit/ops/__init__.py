@@ -1,0 +1,30 @@
+"""Integer operators and real-quantized modules (see docs/real-execution.md).
+
+- :mod:`lowbit.ops.quant`: ``quantize`` / ``dequantize`` / ``fake_quantize`` with given scales and zero
+  points (per tensor, per channel, per group), any rounding mode; dynamic scale builders.
+- :mod:`lowbit.ops.integer`, :mod:`lowbit.ops.conv`: nGraph-style ``quantized_linear`` /
+  ``quantized_matmul`` / ``quantized_conv2d`` (exact integer accumulation, fused bias / ReLU / residual
+  add, requantized or float output) and ``quantized_concat``; each with an int64 reference path and a
+  ``torch._int_mm`` fast path that gives the same integers.
+- :mod:`lowbit.ops.modules`, :mod:`lowbit.ops.int4`: Linear modules holding integer codes, with CPU
+  kernels (fbgemm, int4pack, int8pack) checked against their reference paths; :data:`REAL_MODULES` maps
+  class names to classes for ``lowbit.save`` / ``lowbit.load``.
+"""
+
+from lowbit.ops.conv import quantized_conv2d
+from lowbit.ops.int4 import Int4WeightOnlyLinear
+from lowbit.ops.integer import AffineCodes, quantized_concat, quantized_linear, quantized_matmul
+from lowbit.ops.modules import (
+    REAL_MODULES,
+    Int8DynamicLinear,
+    Int8WeightOnlyLinear,
+    RealQuantLinear,
+    W8A8StaticLinear,
+)
+from lowbit.ops.quant import dequantize, fake_quantize, quantize
+
+__all__ = [
+    "REAL_MODULES", "AffineCodes", "Int4WeightOnlyLinear", "Int8DynamicLinear", "Int8WeightOnlyLinear",
+    "RealQuantLinear", "W8A8StaticLinear", "dequantize", "fake_quantize", "quantize", "quantized_concat",
+    "quantized_conv2d", "quantized_linear", "quantized_matmul",
+]  # fmt: skip

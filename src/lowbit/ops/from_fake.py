@@ -1,0 +1,108 @@
+"""Fake-quant ``QuantLinear`` -> real-quantized module, where a kernel computes the same formats.
+
+The weight codes come from the weight format's own scales (``Affine.scale_and_zero_point``), so the real
+module's weight values equal the fake-quantized weight exactly; activations are quantized by the real
+module's dynamic or static rule, which matches the ``affine`` format's grid (the fake-quant per-token scale
+is rounded to 16 significant bits, the real one is not: outputs agree to about 1e-5 relative).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lowbit.ops.int4 import Int4WeightOnlyLinear
+from lowbit.ops.modules import Int8DynamicLinear, Int8WeightOnlyLinear, W8A8StaticLinear
+
+
+def _plain_affine(spec, bits: int) -> str | None:
+    """Why ``spec`` is not a plain ``bits``-bit affine format a kernel can run (None: it is)."""
+    if spec is None:
+        return "no format"
+    if spec.format_name != "affine":
+        return f"format {spec.format_name!r} (kernels run affine integer codes)"
+    if spec.bits != bits:
+        return f"{spec.bits}-bit codes (kernel: {bits}-bit)"
+    if spec.rounding != "nearest_even" or spec.power_of_two or spec.scale_dtype != "f32":
+        return "rounding / power_of_two / scale_dtype other than nearest_even / False / f32"
+    return None
+
+
+def _weight_kind(spec) -> tuple[str | None, str]:
+    """("int8" | "int4", group size or '') or (None, why)."""
+    if _plain_affine(spec, 8) is None and spec.symmetric and spec.signed and spec.scale is None:
+        if spec.axis in (0, -2) and spec.block_size is None:
+            return "int8", ""
+    why4 = _plain_affine(spec, 4)
+    if why4 is None and spec.scale is None and spec.axis is None and spec.block_size is not None:
+        block = tuple(spec.block_size)
+        if len(block) == 2 and block[0] == 1 and block[1] > 1:
+            return "int4", str(block[1])
+    return None, (f"weight {spec.describe() if spec is not None else 'float'} has no kernel "
+                  "(kernels: affine 8-bit symmetric axis=0, or affine 4-bit block_size [1, g])")
+
+
+def _data_kind(spec) -> tuple[str | None, str]:
+    if spec is None:
+        return "none", ""
+    why = _plain_affine(spec, 8)
+    if why is not None:
+        return None, f"data_in: {why}"
+    if spec.scale is None and spec.axis is None and tuple(spec.block_size or ()) == (1, -1):
+        if spec.symmetric and not spec.signed:
+            return None, "data_in: unsigned symmetric per-token codes have no kernel"
+        return "dynamic", ""
+    if spec.scale is not None and len(spec.scale) == 1 and len(spec.zero_point or (0,)) == 1 and not spec.narrow_range:
+        return "static", ""
+    return None, "data_in: only per-token dynamic (block_size [1, -1]) or per-tensor static 8-bit affine have kernels"
+
+
+def convert_quant_linear(module) -> tuple[nn.Module | None, str]:
+    formats = module.formats
+    if formats.bypass or formats.bias is not None or formats.data_out is not None:
+        return None, "bias / data_out formats or bypass have no kernel"
+    weight, detail = _weight_kind(formats.weight)
+    if weight is None:
+        return None, detail
+    data, why = _data_kind(formats.data_in)
+    if data is None:
+        return None, why
+    if weight == "int4":
+        if data != "none":
+            return None, "4-bit weights run weight-only (data_in must have no format)"
+        if module.in_features % int(detail):
+            return None, f"in_features={module.in_features} is not a multiple of the weight's group {detail}"
+        return _int4(module, int(detail)), ""
+    codes, scale = _int8_weight(module)
+    if data == "none":
+        return Int8WeightOnlyLinear.from_float(module, codes=codes, scale=scale), ""
+    if data == "dynamic":
+        return Int8DynamicLinear.from_float(module, codes=codes, scale=scale, act_symmetric=formats.data_in.symmetric), ""
+    spec = formats.data_in
+    new = W8A8StaticLinear.from_float(module, codes=codes, scale=scale, act_signed=spec.signed)
+    return new.set_input_qparams(spec.scale[0], (spec.zero_point or (0,))[0]), ""
+
+
+def _int8_weight(module) -> tuple[torch.Tensor, torch.Tensor]:
+    spec = module.formats.weight
+    weight = module.weight.detach().float()
+    scale = spec.scale_and_zero_point(weight).scale[:, 0]  # [N]
+    q_min, q_max = spec.clamp_range
+    codes = torch.round(weight * (1.0 / scale.reshape(-1, 1))).clamp(q_min, q_max).to(torch.int8)
+    return codes, scale
+
+
+def _int4(module, group_size: int) -> Int4WeightOnlyLinear:
+    spec = module.formats.weight
+    weight = module.weight.detach().float()
+    params = spec.scale_and_zero_point(weight)
+    scale = params.scale[:, ::group_size].contiguous()  # [N, K / g]
+    zero_point = params.zero_point[:, ::group_size]
+    q_min, q_max = spec.clamp_range
+    steps = torch.round(weight * (1.0 / params.scale))
+    offset = -q_min  # codes to 0..15
+    codes = (steps + params.zero_point).clamp(q_min, q_max) + offset
+    return Int4WeightOnlyLinear.from_float(
+        module, group_size=group_size, scale_dtype="f32", codes=codes.to(torch.uint8),
+        scale=scale, zero_point=(zero_point + offset).to(torch.uint8),
+    )  # fmt: skip

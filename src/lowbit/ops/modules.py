@@ -1,0 +1,342 @@
+"""Real-quantized Linear modules: integer codes in buffers, integer kernels in forward.
+
+Each module keeps its codes, scales and zero points as buffers (so ``state_dict`` holds everything),
+describes itself with ``config()`` (JSON-able) and is rebuilt empty by ``from_config(config)`` before
+``load_state_dict`` fills it: that is the whole contract with ``lowbit.save`` / ``lowbit.load``. Every
+module has a plain reference path (``forward_reference``: integer codes, exact int64 sums, float64
+rescaling) and ``path="auto"`` picks the fastest kernel measured on CPU (see docs/real-execution.md); any
+path can be forced with ``module.path = "..."``. Kernel state (fbgemm packed weights, int4 tiles) is derived
+from the buffers on first use and dropped whenever a state dict is loaded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lowbit.errors import ConfigError, FormatError
+from lowbit.ops import kernels
+from lowbit.ops.integer import accumulate_int_mm, accumulate_reference, dense
+from lowbit.ops.quant import broadcast_qparams, quantize, symmetric_scale, token_codes, token_scales
+
+REAL_MODULES: dict[str, type[RealQuantLinear]] = {}
+
+
+def register(cls):
+    REAL_MODULES[cls.__name__] = cls
+    return cls
+
+
+class RealQuantLinear(nn.Module):
+    """Base: y = x W^T + b with W held as integer codes. Subclasses define buffers, kernels and paths."""
+
+    paths: ClassVar[tuple[str, ...]] = ("auto", "reference")
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__()
+        for name, value in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{type(self).__name__}: {name}={value!r} must be a positive int")
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        self.path = "auto"
+        self._kernel_state: dict[str, Any] = {}
+
+    # ---- (de)serialization contract -------------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        return {"in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> RealQuantLinear:
+        """An empty module (zero buffers of the right shapes and dtypes) for ``load_state_dict``."""
+        try:
+            return cls(**config)
+        except TypeError as error:
+            raise ConfigError(f"bad {cls.__name__} config {config!r}: {error}") from None
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._kernel_state.clear()
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def __getstate__(self):
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        state = dict(state)
+        state["_kernel_state"] = {}  # packed kernel objects are derived, never copied or pickled
+        return state
+
+    # ---- forward ---------------------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise FormatError(f"{type(self).__name__}: input has {x.shape[-1]} features, expected {self.in_features}")
+        if self.path not in self.paths:
+            raise ConfigError(f"{type(self).__name__}.path={self.path!r}; legal: {', '.join(self.paths)}")
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        rows = rows if rows.dtype == torch.float32 else rows.float()
+        path = self.choose_path(rows) if self.path == "auto" else self.path
+        out = self.forward_reference(rows) if path == "reference" else self.run_path(path, rows)
+        if x.dtype != torch.float32 and x.is_floating_point():
+            out = out.to(x.dtype)
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+
+    def choose_path(self, rows: torch.Tensor) -> str:
+        return "reference"
+
+    def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _add_bias(self, out: torch.Tensor) -> torch.Tensor:
+        return out if self.bias is None else out.add_(self.bias)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.config().items())
+
+    def weight_bytes(self) -> int:
+        """Bytes of the stored weight state (codes, scales, zero points; bias included)."""
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+
+BLOCKED_DEQUANTIZE_ELEMENTS = 1 << 20  # weights this large are dequantized in row blocks (measured faster)
+
+
+def dequantized_linear(rows: torch.Tensor, weight_rows, out_features: int, in_features: int, bias) -> torch.Tensor:
+    """rows @ W^T + bias with W rebuilt by ``weight_rows(start, end)`` (float32 rows [end - start, K]).
+
+    Small weights are rebuilt whole; large ones in blocks of about 2 MB, each used while it is in cache
+    (one float32 copy of a 16M-element weight costs more than the matmul at 256 rows).
+    """
+    if out_features * in_features < BLOCKED_DEQUANTIZE_ELEMENTS:
+        return F.linear(rows, weight_rows(0, out_features), bias)
+    step = max(16, (1 << 19) // in_features)
+    out = torch.empty(rows.shape[0], out_features, dtype=rows.dtype, device=rows.device)
+    for start in range(0, out_features, step):
+        end = min(out_features, start + step)
+        out[:, start:end] = F.linear(rows, weight_rows(start, end))
+    return out if bias is None else out.add_(bias)
+
+
+def _check_linear(module: nn.Module) -> None:
+    if not isinstance(module, nn.Linear):
+        raise ConfigError(f"expected an nn.Linear, got {type(module).__name__}")
+
+
+def per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8 codes [N, K] in [-127, 127] and scales [N] (max|w| / 127)."""
+    weight = weight.detach().float()
+    if not bool(torch.isfinite(weight).all()):
+        raise FormatError("the weight has NaN or inf values; it cannot be quantized")
+    scale = symmetric_scale(weight).reshape(-1)
+    codes = torch.round(weight * (1.0 / scale.reshape(-1, 1))).clamp(-127, 127).to(torch.int8)
+    return codes, scale
+
+
+class _Int8WeightLinear(RealQuantLinear):
+    """Shared buffers: int8 weight codes [N, K] and float32 per-channel scales [N]."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, bias)
+        self.register_buffer("weight_codes", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("weight_scale", torch.ones(out_features))
+
+    @classmethod
+    def from_float(cls, module: nn.Linear, codes=None, scale=None, **options) -> _Int8WeightLinear:
+        """Quantize ``module``'s weight per channel (or take given codes / scales)."""
+        _check_linear(module)
+        new = cls(module.in_features, module.out_features, module.bias is not None, **options)
+        if codes is None:
+            codes, scale = per_channel_int8(module.weight)
+        new.weight_codes.copy_(codes)
+        new.weight_scale.copy_(scale.reshape(-1))
+        if module.bias is not None:
+            new.bias.copy_(module.bias.detach())
+        return new
+
+    def dequantized_weight(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """float32 weight rows [start, end): codes * scale."""
+        return self.weight_codes[start:end].float().mul_(self.weight_scale[start:end].reshape(-1, 1))
+
+    def _packed(self):
+        if "fbgemm" not in self._kernel_state:
+            self._kernel_state["fbgemm"] = kernels.pack_int8_weight(self.weight_codes, self.weight_scale)
+        return self._kernel_state["fbgemm"]
+
+    def _packed_with_bias(self):
+        if "fbgemm_bias" not in self._kernel_state:
+            self._kernel_state["fbgemm_bias"] = kernels.pack_int8_weight(self.weight_codes, self.weight_scale, self.bias)
+        return self._kernel_state["fbgemm_bias"]
+
+    def _weight_t(self) -> torch.Tensor:
+        if "weight_t" not in self._kernel_state:
+            self._kernel_state["weight_t"] = dense(self.weight_codes.t())
+        return self._kernel_state["weight_t"]
+
+
+@register
+class Int8DynamicLinear(_Int8WeightLinear):
+    """int8 weights (symmetric, per channel) x int8 activations quantized at run time.
+
+    ``act_granularity="token"`` (default): one scale per row of the input (per token), codes in
+    [-127, 127]; ``act_symmetric=True`` centres them on 0, False on the row's mid-range (a float-domain
+    zero point: about one bit finer for one-sided rows such as GELU outputs, one more pass over x).
+    ``"tensor"``: one asymmetric uint8 scale / zero point for the whole input (torch.ao's rule, 8 bits
+    rather than its 7), fbgemm's own dynamic kernel: fastest, least precise. Paths: "fbgemm", "int_mm",
+    "reference"; integer sums are exact on every path, so they differ only in float rounding.
+    """
+
+    paths = ("auto", "reference", "fbgemm", "int_mm")
+    GRANULARITIES = ("token", "tensor")
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, act_symmetric: bool = True,
+                 act_granularity: str = "token") -> None:  # fmt: skip
+        super().__init__(in_features, out_features, bias)
+        if not isinstance(act_symmetric, bool):
+            raise ConfigError(f"act_symmetric={act_symmetric!r} must be a bool")
+        if act_granularity not in self.GRANULARITIES:
+            raise ConfigError(f"act_granularity={act_granularity!r}; legal: {', '.join(self.GRANULARITIES)}")
+        if act_granularity == "tensor" and act_symmetric:
+            raise ConfigError("act_granularity='tensor' is asymmetric (uint8 with a zero point): pass act_symmetric=False")
+        self.act_symmetric, self.act_granularity = act_symmetric, act_granularity
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "act_symmetric": self.act_symmetric, "act_granularity": self.act_granularity}
+
+    def choose_path(self, rows: torch.Tensor) -> str:
+        return "fbgemm" if kernels.fbgemm_exact() else "int_mm"
+
+    # ---- reference: codes, exact int64 sums, float64 rescaling ----------------------------------------------
+    def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
+        zero = torch.zeros((), dtype=torch.int32)
+        if self.act_granularity == "tensor":
+            codes, scale, zero_point = self._tensor_codes(rows)
+            acc = accumulate_reference(codes, zero_point, self.weight_codes, zero)
+            return self._rescale(acc, scale, None)
+        token = token_codes(rows, self.act_symmetric)
+        return self._rescale(accumulate_reference(token.codes, zero, self.weight_codes, zero), token.scale, token.offset)
+
+    def _rescale(self, acc: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+        """acc * scale * w_scale (+ offset * sum_k w) (+ bias), in float64."""
+        real = acc.double() * (scale.double() * self.weight_scale.double())
+        if offset is not None:
+            real = real + offset.double() * self._weight_sums().double()
+        return real.float() if self.bias is None else (real + self.bias.double()).float()
+
+    def _tensor_codes(self, rows: torch.Tensor):
+        from lowbit.calibrate.builders import scale_zero_point
+
+        scale, zero_point = scale_zero_point(rows.amin(), rows.amax(), 8, signed=False)
+        codes = quantize(rows, scale, zero_point, dtype=torch.uint8)
+        return codes, scale, zero_point
+
+    def _weight_sums(self) -> torch.Tensor:
+        """[N] float32: w_scale * sum_k weight codes (the real row sums of the weight)."""
+        if "sums" not in self._kernel_state:
+            self._kernel_state["sums"] = self.weight_codes.sum(1, dtype=torch.int64).float() * self.weight_scale
+        return self._kernel_state["sums"]
+
+    # ---- fast paths --------------------------------------------------------------------------------------------
+    def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
+        if self.act_granularity == "tensor":
+            return self._tensor_path(path, rows)
+        if path == "int_mm":
+            token = token_codes(rows, self.act_symmetric)
+            out = kernels.int_mm(token.codes, self._weight_t()).float().mul_(token.scale).mul_(self.weight_scale)
+            return self._finish(out, token.offset)
+        scale, inverse, offset = token_scales(rows, self.act_symmetric)
+        if offset is None and rows.shape[0] == 1:
+            # One row: its scale is the tensor's, so fbgemm can apply it (and the bias) itself. It quantizes
+            # with round(fma(x, 1 / s, 128)); fed the row's codes times s it recovers exactly those codes.
+            snapped = torch.round(rows * inverse).mul_(scale)
+            return kernels.fbgemm_linear(snapped, scale.item(), 128, self._packed_with_bias())
+        centred = rows * inverse if offset is None else (rows - offset).mul_(inverse)
+        # Integer-valued input: fbgemm's round(x + 128) gives the reference's codes exactly.
+        out = kernels.fbgemm_linear(centred.round_(), 1.0, 128, self._packed())
+        return self._finish(out.mul_(scale), offset)
+
+    def _finish(self, out: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+        if offset is not None:
+            out.addmm_(offset, self._weight_sums().reshape(1, -1))
+        return self._add_bias(out)
+
+    def _tensor_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
+        if path == "fbgemm":
+            return kernels.fbgemm_dynamic_linear(rows, self._packed_with_bias())
+        codes, scale, zero_point = self._tensor_codes(rows)
+        acc = accumulate_int_mm(codes, zero_point, self.weight_codes, torch.zeros((), dtype=torch.int32))
+        return self._add_bias(acc.float().mul_(scale * self.weight_scale))
+
+
+@register
+class W8A8StaticLinear(_Int8WeightLinear):
+    """int8 weights (symmetric, per channel) x activations quantized with a calibrated per-tensor scale and
+    zero point (uint8 codes, or int8 with ``act_signed=True``). Paths: "int_mm" (exact codes and sums) and
+    "fbgemm" (bias fused, one call; the kernel quantizes x as round(fma(x, 1 / s, zero_point)), so about one
+    code in 10^5 differs by one step from the reference's round(x * (1 / s)) + zero_point)."""
+
+    paths = ("auto", "reference", "fbgemm", "int_mm")
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, act_signed: bool = False) -> None:
+        super().__init__(in_features, out_features, bias)
+        self.act_signed = bool(act_signed)
+        self.register_buffer("input_scale", torch.ones(()))
+        self.register_buffer("input_zero_point", torch.zeros((), dtype=torch.int32))
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "act_signed": self.act_signed}
+
+    def set_input_qparams(self, scale: float, zero_point: int) -> W8A8StaticLinear:
+        qrange = (-128, 127) if self.act_signed else (0, 255)
+        params = broadcast_qparams(torch.zeros(()), scale, zero_point, qrange=qrange)
+        self.input_scale.copy_(params.scale)
+        self.input_zero_point.copy_(params.zero_point)
+        self._kernel_state.clear()
+        return self
+
+    def _codes(self, rows: torch.Tensor) -> torch.Tensor:
+        """Activation codes (uint8, or int8 with act_signed) with the calibrated scale and zero point."""
+        dtype = torch.int8 if self.act_signed else torch.uint8
+        return quantize(rows, self.input_scale, self.input_zero_point, dtype=dtype)
+
+    def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
+        codes = self._codes(rows)
+        acc = accumulate_reference(codes, self.input_zero_point, self.weight_codes, torch.zeros((), dtype=torch.int32))
+        real = acc.double() * (self.input_scale.double() * self.weight_scale.double())
+        return real.float() if self.bias is None else (real + self.bias.double()).float()
+
+    def choose_path(self, rows: torch.Tensor) -> str:
+        return "fbgemm" if kernels.fbgemm_exact() else "int_mm"
+
+    def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
+        if path == "int_mm":
+            acc = accumulate_int_mm(self._codes(rows), self.input_zero_point, self.weight_codes,
+                                    torch.zeros((), dtype=torch.int32))  # fmt: skip
+            return self._add_bias(acc.float().mul_(self.input_scale * self.weight_scale))
+        zero_point = int(self.input_zero_point) + (128 if self.act_signed else 0)  # fbgemm takes uint8 codes
+        return kernels.fbgemm_linear(rows, float(self.input_scale), zero_point, self._packed_with_bias())
+
+
+@register
+class Int8WeightOnlyLinear(_Int8WeightLinear):
+    """int8 weights (symmetric, per channel), float activations. Paths: "int8pack" (bfloat16 activations,
+    taken for at most ``SMALL_BATCH`` rows, where it is several times faster than float32), "dequantize"
+    (float32 weight rebuilt per call, in row blocks for large weights, then float32 matmul; the reference
+    rebuilds it whole)."""
+
+    paths = ("auto", "reference", "int8pack", "dequantize")
+    SMALL_BATCH = 32
+
+    def choose_path(self, rows: torch.Tensor) -> str:
+        small = rows.shape[0] <= self.SMALL_BATCH
+        return "int8pack" if small and kernels.int8pack_available() else "dequantize"
+
+    def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
+        return F.linear(rows, self.dequantized_weight(), self.bias)
+
+    def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
+        if path == "dequantize":
+            return dequantized_linear(rows, self.dequantized_weight, self.out_features, self.in_features, self.bias)
+        return self._add_bias(kernels.int8pack_linear(rows, self.weight_codes, self.weight_scale))

@@ -1,0 +1,162 @@
+"""Real-quantized Linear modules: every fast path against the module's reference path, the config /
+state-dict contract, storage sizes and errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lowbit import ConfigError, FormatError
+from lowbit.ops import REAL_MODULES, Int4WeightOnlyLinear, Int8DynamicLinear, Int8WeightOnlyLinear, W8A8StaticLinear
+from lowbit.ops import kernels
+
+DYNAMIC_SETTINGS = [{}, {"act_symmetric": False}, {"act_symmetric": False, "act_granularity": "tensor"}]
+
+
+def _linear(k: int, n: int, seed: int = 0) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(k, n)
+
+
+def _all_modules(linear: torch.nn.Linear) -> list[torch.nn.Module]:
+    modules = [Int8DynamicLinear.from_float(linear, **settings) for settings in DYNAMIC_SETTINGS]
+    modules += [Int8WeightOnlyLinear.from_float(linear), Int4WeightOnlyLinear.from_float(linear, group_size=32),
+                W8A8StaticLinear.from_float(linear).set_input_qparams(0.02, 131),
+                W8A8StaticLinear.from_float(linear, act_signed=True).set_input_qparams(0.03, -4)]  # fmt: skip
+    return modules
+
+
+@given(st.integers(0, 2**31 - 1), st.integers(1, 40), st.sampled_from([32, 64, 96]), st.integers(1, 24), st.sampled_from(DYNAMIC_SETTINGS))
+def test_integer_paths_agree_with_reference(seed, rows, k, n, settings):
+    generator = torch.Generator().manual_seed(seed)
+    module = Int8DynamicLinear.from_float(_linear(k, n, seed % 100), **settings)
+    x = torch.randn(rows, k, generator=generator) * 3
+    reference = module.forward_reference(x)
+    for path in ("fbgemm", "int_mm"):
+        module.path = path
+        assert torch.allclose(module(x), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_fast_paths_exact_with_power_of_two_scales():
+    generator = torch.Generator().manual_seed(1)
+    codes = torch.randint(-127, 128, (16, 64), generator=generator, dtype=torch.int16).to(torch.int8)
+    scale = 2.0 ** torch.randint(-8, -4, (16,), generator=generator).float()
+    module = Int8DynamicLinear.from_float(torch.nn.Linear(64, 16, bias=False), codes=codes, scale=scale)
+    x = torch.randint(-127, 128, (20, 64), generator=generator).float() * 2.0**-3
+    x[:, 0] = 127 * 2.0**-3  # every row's max|x| is 127 steps of 2^-3: scale exactly 2^-3
+    expected = (x.double() @ (codes.double() * scale.double().reshape(-1, 1)).t()).float()
+    for path in ("reference", "fbgemm", "int_mm"):
+        module.path = path
+        assert torch.equal(module(x), expected)
+
+
+@pytest.mark.parametrize("index", range(7))
+def test_every_module_path_close_to_reference_and_float(index):
+    linear = _linear(128, 48)
+    module = _all_modules(linear)[index]
+    x = torch.randn(3, 5, 128)
+    reference = module.forward_reference(x.reshape(-1, 128)).reshape(3, 5, 48)
+    float_out = linear(x).detach()
+    tolerance = 0.15 if isinstance(module, Int4WeightOnlyLinear) else 0.05
+    assert (reference - float_out).norm() / float_out.norm() < tolerance
+    for path in module.paths[2:]:
+        module.path = path
+        out = module(x)
+        assert out.shape == (3, 5, 48)
+        bf16 = path in ("int8pack", "int4pack")  # bfloat16 activations
+        assert torch.allclose(out, reference, rtol=2e-2 if bf16 else 1e-5, atol=2e-2 if bf16 else 1e-5)
+
+
+@pytest.mark.parametrize("index", range(7))
+def test_config_and_state_dict_rebuild_the_module(index):
+    module = _all_modules(_linear(64, 32, seed=3))[index]
+    x = torch.randn(9, 64)
+    config = json.loads(json.dumps(module.config()))
+    rebuilt = REAL_MODULES[type(module).__name__].from_config(config)
+    rebuilt.load_state_dict(module.state_dict())
+    assert torch.equal(rebuilt(x), module(x))
+    for clone in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
+        assert torch.equal(clone(x), module(x))
+
+
+def test_loading_a_state_dict_drops_packed_kernels():
+    first, second = Int8DynamicLinear.from_float(_linear(32, 8, 1)), Int8DynamicLinear.from_float(_linear(32, 8, 2))
+    x = torch.randn(4, 32)
+    first(x)  # packs first's weight
+    first.load_state_dict(second.state_dict())
+    assert torch.equal(first(x), second(x))
+
+
+def test_int4_storage_layout_and_size():
+    linear = _linear(384, 1536)
+    module = Int4WeightOnlyLinear.from_float(linear, group_size=32)
+    codes = module.codes()
+    assert torch.equal(kernels.unpack_nibbles(kernels.pack_nibbles(codes)), codes) and int(codes.max()) <= 15
+    groups = codes.reshape(1536, 12, 32).float()
+    expected = (groups - module.weight_zero_point.float()[..., None]) * module.weight_scale.float()[..., None]
+    assert torch.equal(module.dequantized_weight(), expected.reshape(1536, 384))
+    weight_bytes = sum(b.numel() * b.element_size() for n, b in module.named_buffers() if n.startswith("weight"))
+    assert weight_bytes / (384 * 1536 * 4) <= 0.16
+    error = (module.dequantized_weight() - linear.weight).norm() / linear.weight.norm()
+    plain = Int4WeightOnlyLinear.from_float(linear, group_size=32, search=False)
+    assert error <= (plain.dequantized_weight() - linear.weight).norm() / linear.weight.norm()  # the search helps
+
+
+def test_int4_importance_weighting_lowers_the_weighted_error():
+    linear = _linear(64, 16, 5)
+    importance = torch.ones(64)
+    importance[:8] = 100.0
+    weighted = Int4WeightOnlyLinear.from_float(linear, importance=importance)
+    plain = Int4WeightOnlyLinear.from_float(linear)
+
+    def weighted_error(module):
+        return ((module.dequantized_weight() - linear.weight).square() * importance).sum()
+
+    assert weighted_error(weighted) <= weighted_error(plain)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: Int8DynamicLinear.from_float(_linear(16, 4))(torch.randn(2, 8)), FormatError, "features"),
+    (lambda: Int4WeightOnlyLinear(48, 4, group_size=32), FormatError, "divisible"),
+    (lambda: Int4WeightOnlyLinear(64, 4, group_size=3), ConfigError, "group_size"),
+    (lambda: Int8DynamicLinear(8, 4, act_granularity="channel"), ConfigError, "act_granularity"),
+    (lambda: Int8DynamicLinear(8, 4, act_granularity="tensor"), ConfigError, "asymmetric"),
+    (lambda: Int8DynamicLinear(0, 4), ConfigError, "in_features"),
+    (lambda: Int8DynamicLinear.from_config({"in_features": 4, "outputs": 2}), ConfigError, "config"),
+    (lambda: W8A8StaticLinear(8, 4).set_input_qparams(float("nan"), 0), FormatError, "finite"),
+    (lambda: W8A8StaticLinear(8, 4).set_input_qparams(0.1, 300), FormatError, "zero_point"),
+    (lambda: Int8WeightOnlyLinear.from_float(torch.nn.Linear(4, 2).requires_grad_(False).apply(lambda m: m.weight.fill_(float("nan")))), FormatError, "NaN"),
+    (lambda: Int8DynamicLinear.from_float(torch.nn.Conv2d(2, 2, 1)), ConfigError, "nn.Linear"),
+])  # fmt: skip
+def test_bad_input_raises(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_int4pack_refuses_shapes_it_cannot_run():
+    module = Int4WeightOnlyLinear.from_float(_linear(64, 24))
+    assert module.choose_path(torch.randn(1, 64)) == "dequantize"
+    module.path = "int4pack"
+    with pytest.raises(ConfigError, match="% 16"):
+        module(torch.randn(1, 64))
+
+
+def test_bad_path_raises():
+    module = Int8WeightOnlyLinear.from_float(_linear(8, 4))
+    module.path = "fbgemm"
+    with pytest.raises(ConfigError, match="path"):
+        module(torch.randn(2, 8))
+
+
+@pytest.mark.parametrize("cls", [Int8WeightOnlyLinear, Int4WeightOnlyLinear])
+def test_blocked_dequantize_path_on_a_large_weight(cls):
+    module = cls.from_float(_linear(1024, 1040, seed=4))  # over 2^20 weights: rebuilt in row blocks
+    x = torch.randn(40, 1024)
+    assert module.choose_path(x) == "dequantize"
+    assert torch.allclose(module(x), module.forward_reference(x), rtol=1e-5, atol=1e-5)
