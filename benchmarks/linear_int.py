@@ -22,6 +22,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from int_peers import variants  # noqa: E402
 from timing import cell, interleaved  # noqa: E402
 
+from lowbit._io import atomic_write_text  # noqa: E402
+
 
 def _row_error(model, dtype, reference_model, x) -> float:
     with torch.no_grad():
@@ -86,8 +88,7 @@ def main() -> None:
     text = header + "\n\n" + markdown(columns, table, errors, args.sizes) + "\n"
     print(text)
     if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(text)
+        atomic_write_text(args.out, text)
 
 
 if __name__ == "__main__":

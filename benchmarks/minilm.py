@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 import lowbit  # noqa: E402
 from int_peers import linear_weight_bytes, variants  # noqa: E402
+from lowbit._io import atomic_write_text  # noqa: E402
 from lowbit.models.minilm import embed, load_minilm  # noqa: E402
 from lowbit.models.sentences import SENTENCES  # noqa: E402
 from timing import cell, interleaved  # noqa: E402
@@ -104,8 +105,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(text)
+        atomic_write_text(args.out, text)
 
 
 if __name__ == "__main__":

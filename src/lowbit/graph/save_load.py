@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from lowbit.config.toml_config import na_to_none
 from lowbit._io import atomic_write_bytes, atomic_write_text
 from lowbit.errors import LowbitError
 from lowbit.graph._serialize import (
@@ -387,15 +388,7 @@ def _restore_meta(gm: fx.GraphModule, data: bytes) -> None:
         if name not in nodes:
             raise GraphFileError(f"metadata for node {name!r}, which the graph does not have")
         meta = nodes[name].meta["mase"] = MaseMetadata(nodes[name], gm)
-        meta.parameters = _meta_from_toml(parameters)
-
-
-def _meta_from_toml(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _meta_from_toml(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_meta_from_toml(item) for item in value]
-    return None if value == "NA" else value
+        meta.parameters = na_to_none(parameters)
 
 
 def _require(name: str):
