@@ -31,8 +31,6 @@ def resolve(args: argparse.Namespace, *, needs_config: bool = False) -> tuple[Ef
             given[name] = positional
     options = merge_options(config.options, given)
     prepare(options)
-    if options["project"] is None or "project" not in {**config.options, **given}:
-        options.values["project"] = f"{options['model']}_{options['task']}_{options['dataset']}"
     if args.print_config and is_rank_zero():
         show_effective_options(options)
     return options, config

@@ -122,8 +122,6 @@ def merge_options(from_config: Mapping[str, Any], from_command_line: Mapping[str
     values.update(from_config)
     values.update(from_command_line)
     values["task"] = {"cls": "classification"}.get(values["task"], values["task"])
-    if values["project"] is None and values["model"] is not None:
-        values["project"] = f"{values['model']}_{values['task']}_{values['dataset']}"
     return EffectiveOptions(values, dict(from_config), dict(from_command_line))
 
 

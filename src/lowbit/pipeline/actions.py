@@ -28,9 +28,10 @@ def software_dir(options: Any) -> Path:
 
 
 def prepare(options: Any) -> None:
-    """Check model / dataset and fill in the task from the dataset (in place)."""
+    """Check model / dataset; fill in the task from the dataset and the default project name (in place)."""
     model, dataset = check_pair(options["model"], options["dataset"])
-    options.values.update(model=model, dataset=dataset, task=dataset_info(dataset).task)
+    task = dataset_info(dataset).task
+    options.values.update(model=model, dataset=dataset, task=task, project=options["project"] or f"{model}_{task}_{dataset}")
 
 
 def load_model(options: Any) -> nn.Module:

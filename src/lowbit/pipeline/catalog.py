@@ -90,9 +90,10 @@ class _Sentences(Dataset):
     """Tokenized built-in sentences: one dict of 1-D tensors per sentence (padded to a common length)."""
 
     def __init__(self) -> None:
+        from lowbit.models.minilm import load_minilm_tokenizer
         from lowbit.models.sentences import SENTENCES
 
-        tokenizer = _minilm()[0]
+        tokenizer = load_minilm_tokenizer()
         batch = tokenizer(list(SENTENCES), padding=True, truncation=True, max_length=128, return_tensors="pt")
         self.items = [{key: value[i] for key, value in batch.items()} for i in range(len(SENTENCES))]
 

@@ -80,10 +80,7 @@ def _profile(run: TransformRun, args: dict[str, Any]) -> Any:
     from lowbit.pipeline.progress import progress
 
     batches = run.inputs("train", None)
-    samples = args.get("num_samples")
     args = {**args, "input_generator": progress(batches, "profiling", enabled=run.options["progress"])}
-    if samples is not None:
-        args["num_samples"] = samples
     run.model, info = profile_statistics_analysis_pass(run.model, args)
     return info
 
