@@ -51,4 +51,8 @@ _case("block-log", "block_log", {"width": 8, "exponent_bias_width": 4, "block_si
 for _name in ("mxint8", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1"):
     _case(_name, _name, {}, "sign_symmetric")
 
+# ---- issue 6: calibrated (given) scales of the scaled element and sign formats ------------------------------
+_case("e4m3-given-scale", "e4m3", {"scale": 0.3}, "sign_symmetric", "scalar")
+_case("ternary-given-alpha", "ternary", {"scaling_factor": True, "alpha": 0.75}, "sign_symmetric")
+
 CASE_IDS = [case[0] for case in CASES]

@@ -70,6 +70,26 @@ def test_compiled_equals_eager_other_dtypes(name, params, dtype):
     assert list(backend._kernels) == [(spec, kernel_dtype, 2, kernel_dtype)]
 
 
+@pytest.mark.parametrize(
+    "name,params",
+    [("e4m3", {"scale": [2.0 ** (i % 9 - 4) * 1.3 for i in range(70)], "axis": 1}),  # calibrated, per channel
+     ("affine", {"bits": 8, "scale": [0.01 * (i + 1) for i in range(70)], "zero_point": [i - 35 for i in range(70)],
+                 "axis": -1})],  # the count check once made torch.compile give up (and go eager for good)
+)  # fmt: skip
+def test_compiled_equals_eager_with_given_parameters_per_channel(name, params):
+    spec = lowbit.get_format(name)(**params)
+    x = case_input(seed=2)  # [37, 70]: one given value per column
+    backend.set_backend("eager")
+    want = [spec(x), spec(x[:5].contiguous())]
+    backend.set_backend("compiled")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = [spec(x), spec(x[:5].contiguous())]
+    for actual, expected in zip(got, want):
+        assert_same(actual, expected)
+    assert (spec, torch.float32, 2, torch.float32) in backend._kernels
+
+
 def test_one_kernel_serves_every_shape():
     spec = lowbit.get_format("mxint8")()  # blocks of 32 along the last dimension, padded where needed
     backend.set_backend("compiled")

@@ -1,15 +1,18 @@
 """Post-training quantization on real data (scikit-learn digits): an MLP and a small CNN trained here, then
-int8 static PTQ, dynamic PTQ and 4-bit weight-only, each against the fp32 accuracy."""
+int8 and fp8 (e4m3) static PTQ, dynamic PTQ and 4-bit weight-only, each against the fp32 accuracy."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from lowbit import ConfigError
+from lowbit.formats import E5M2
 from lowbit.nn import QuantConv2d, QuantLinear
 from lowbit.ptq import CalibrationState, calibrate, quantize_dynamic, quantize_static, quantize_weight_only
 
@@ -145,3 +148,47 @@ def test_other_observers_calibrate_int8_static_ptq(trained, observer):
     assert state.observer == observer
     quantized, _ = quantize_static(model, state)
     assert abs(accuracy(trained["cnn"]) - accuracy(quantized)) <= 1.0
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_static_fp8_activations_within_one_test_image(trained, name, tmp_path):
+    """activation_format="e4m3": one calibrated scale per module input (frozen), int8 weights per channel.
+    Measured: the same accuracy as fp32 for both models (MLP 97.41 %, CNN 98.52 %); one test image is 0.37."""
+    from lowbit.formats import E4M3
+    from lowbit.formats.ocp_float import covering_scale
+
+    model = copy.deepcopy(trained[name])
+    state = calibrate(model, _calibration_batches(), num_batches=6, activation_format="e4m3")
+    state.save(tmp_path / "calibration.json")
+    reloaded = CalibrationState.load(tmp_path / "calibration.json")
+    assert reloaded == state and reloaded.activation_format == "e4m3"
+    quantized, info = quantize_static(model, reloaded)
+    layers = dict(quantized.named_modules())
+    for module_name, entry in state.ranges.items():
+        data_in = layers[module_name].formats.data_in
+        amax = torch.tensor(max(-min(entry["min"]), max(entry["max"])), dtype=torch.float32)
+        assert isinstance(data_in, E4M3) and data_in.axis is None
+        assert data_in.scale == (covering_scale(amax, 448.0, "f32").item(),)  # frozen: the calibrated max -> 448
+        assert layers[module_name].formats.weight.format_name == "affine"
+    fp32, fp8 = accuracy(trained[name]), accuracy(quantized)
+    print(f"{name}: fp32 {fp32:.2f} %, static e4m3 activations {fp8:.2f} %")
+    assert abs(fp32 - fp8) <= 0.4, (fp32, fp8)
+
+
+def test_activation_format_choices(trained, tmp_path):
+    model = copy.deepcopy(trained["mlp"])
+    state = calibrate(model, _calibration_batches(2), activation_format="E2M1")
+    assert state.activation_format == "e2m1"  # stored by its canonical name
+    legacy = {key: value for key, value in dataclasses.asdict(state).items() if key != "activation_format"}
+    (tmp_path / "old.json").write_text(json.dumps({"version": 1, **legacy}))
+    assert CalibrationState.load(tmp_path / "old.json").activation_format == "affine"  # saved before the field
+    quantized, _ = quantize_static(copy.deepcopy(model), state, activation_format=E5M2(scale_dtype="bf16"))
+    assert quantized.fc1.formats.data_in.format_name == "e5m2" and quantized.fc1.formats.data_in.scale_dtype == "bf16"
+    quantized, _ = quantize_static(copy.deepcopy(model), state, activation_format="q8s")
+    assert quantized.fc2.formats.data_in.format_name == "q8s" and len(quantized.fc2.formats.data_in.scale) == 1
+    for bad, message in [("mxint8", "part of each block's encoding"), ("binary", "MagnitudeObserver"),
+                         ("log", "has no scale"), ("e4m4", "unknown format")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=message):
+            calibrate(model, _calibration_batches(1), activation_format=bad)
+        with pytest.raises(ConfigError, match=message):
+            quantize_static(copy.deepcopy(model), state, activation_format=bad)

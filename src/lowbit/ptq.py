@@ -7,7 +7,9 @@ flow returns ``(model, info)`` with the model changed in place, like the graph p
 - **static**: :func:`calibrate` runs N batches through the float model with an observer on the input of
   every target module and returns a :class:`CalibrationState` (ranges per module, saved and loaded as
   JSON, no pickle); :func:`quantize_static` freezes those ranges into affine formats with given scales and
-  zero points (nothing is computed from the data at run time) and quantizes weights per channel.
+  zero points (nothing is computed from the data at run time) and quantizes weights per channel. Another
+  ``activation_format`` (e.g. "e4m3": static FP8 with a calibrated per-tensor scale) takes its frozen
+  parameters from the same ranges through ``lowbit.calibrate.calibrated_spec``.
 - **dynamic**: activation scales are computed from each call's data, per tensor or per token.
 - **weight-only**: only weights are quantized (per channel, or per group of ``group_size`` inputs).
 """
@@ -25,7 +27,10 @@ import torch
 from torch import nn
 
 from lowbit._io import atomic_write_text
-from lowbit.errors import ConfigError, did_you_mean
+from lowbit.errors import ConfigError, LowbitError, did_you_mean
+from lowbit.formats import FormatSpec
+from lowbit.formats.binary import Binary
+from lowbit.formats.ternary import Ternary
 from lowbit.graph.module_swap import quantize_module_transform_pass, swappable_modules
 from lowbit.nn.config import OP_ROLES
 
@@ -36,7 +41,12 @@ STATE_VERSION = 1
 
 @dataclasses.dataclass
 class CalibrationState:
-    """Activation ranges per module (qualified name -> {"min": [...], "max": [...]}) and how they were taken."""
+    """Activation ranges per module (qualified name -> {"min": [...], "max": [...]}) and how they were taken.
+
+    ``activation_format`` names the format :func:`quantize_static` freezes them into ("affine": the integer
+    codes of ``bits`` / ``signed`` / ``symmetric``; any other name: see :func:`calibrate`). States saved
+    before it existed load as "affine".
+    """
 
     observer: str
     bits: int
@@ -44,6 +54,7 @@ class CalibrationState:
     symmetric: bool
     ranges: dict[str, dict[str, list[float]]]
     batches: int
+    activation_format: str = "affine"
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, json.dumps({"version": STATE_VERSION, **dataclasses.asdict(self)}, indent=1))
@@ -57,11 +68,13 @@ class CalibrationState:
         if not isinstance(data, dict) or data.pop("version", None) != STATE_VERSION:
             raise ConfigError(f"{str(path)!r} is not a lowbit calibration state (version {STATE_VERSION})")
         fields = [f.name for f in dataclasses.fields(cls)]
-        missing = [name for name in fields if name not in data]
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+        missing = [name for name in required if name not in data]
         if missing or set(data) - set(fields):
             raise ConfigError(f"{str(path)!r}: bad calibration state keys (missing {missing}, "
                               f"unknown {sorted(set(data) - set(fields))})")  # fmt: skip
         _check_ranges(data["ranges"], str(path))
+        _activation_spec(data.get("activation_format", "affine"), str(path))
         return cls(**data)
 
 
@@ -111,8 +124,20 @@ def _model_inputs(batch: Any) -> tuple[tuple, dict]:
 @torch.no_grad()
 def calibrate(model: nn.Module, batches: Iterable[Any], *, num_batches: int | None = None,
               ops: Iterable[str] = DEFAULT_OPS, observer: str = "min_max", observer_args: dict | None = None,
-              bits: int = 8, signed: bool = False, symmetric: bool = False) -> CalibrationState:  # fmt: skip
-    """Observe the input of every target module over ``num_batches`` batches (all when None)."""
+              bits: int = 8, signed: bool = False, symmetric: bool = False,
+              activation_format: str = "affine") -> CalibrationState:  # fmt: skip
+    """Observe the input of every target module over ``num_batches`` batches (all when None).
+
+    ``activation_format`` is recorded for :func:`quantize_static` and checked now: "affine" (integer codes
+    of ``bits`` / ``signed`` / ``symmetric``), or a format name that takes calibrated parameters from a
+    range (the q* presets, integer / fixed, e5m2 e4m3 e3m2 e2m3 e2m1), whose own defaults then apply.
+    The search observers (mse, histogram) search for the integer codes of ``bits`` whatever the format.
+    """
+    if not isinstance(activation_format, str):
+        raise ConfigError("calibrate: activation_format must be a format name (states store names); pass a spec "
+                          "to quantize_static instead")  # fmt: skip
+    spec = _activation_spec(activation_format, "calibrate")
+    activation_format = "affine" if spec is None else spec.format_name
     targets = _targets(model, ops)
     watchers = {name: _make_observer(observer, dict(observer_args or {})) for name in targets}
     hooks = [module.register_forward_pre_hook(_watch(watchers[name])) for name, module in targets.items()]
@@ -135,7 +160,7 @@ def calibrate(model: nn.Module, batches: Iterable[Any], *, num_batches: int | No
     for name, watcher in watchers.items():
         low, high = watcher.min_max(bits=bits, signed=signed, symmetric=symmetric)
         ranges[name] = {"min": torch.atleast_1d(low).double().tolist(), "max": torch.atleast_1d(high).double().tolist()}
-    return CalibrationState(observer, bits, signed, symmetric, ranges, seen)
+    return CalibrationState(observer, bits, signed, symmetric, ranges, seen, activation_format)
 
 
 def _watch(observer):
@@ -155,16 +180,24 @@ def _weight_keys(bits: int, group_size: int | None) -> dict[str, Any]:
 
 
 def quantize_static(model: nn.Module, state: CalibrationState, *, weight_bits: int = 8,
-                    weight_group_size: int | None = None) -> tuple[nn.Module, dict[str, Any]]:  # fmt: skip
-    """Freeze calibrated activation ranges into static affine formats; weights per channel (or group)."""
+                    weight_group_size: int | None = None,
+                    activation_format: str | FormatSpec | None = None) -> tuple[nn.Module, dict[str, Any]]:  # fmt: skip
+    """Freeze calibrated activation ranges into static formats; weights per channel (or group).
+
+    Activations get ``activation_format`` (default: the state's, "affine") with frozen parameters: affine
+    codes as calibrated, or a name / spec such as "e4m3" whose scale comes from the range of each module's
+    input (one per tensor: the widest range when the state holds several).
+    """
     from lowbit.calibrate.builders import scale_zero_point
 
+    fmt = state.activation_format if activation_format is None else activation_format
+    spec = _activation_spec(fmt, "quantize_static")
+    if spec is not None:
+        return _quantize_static_with(model, state, spec, weight_bits, weight_group_size)
     modules = dict(model.named_modules())
     args: dict[str, Any] = {"by": "name"}
     for name, entry in state.ranges.items():
-        if name not in modules:
-            raise ConfigError(f"calibration state names module {name!r}, which the model does not have"
-                              f"{did_you_mean(name, [n for n in modules if n])}")  # fmt: skip
+        _check_module(name, modules)
         low, high = torch.tensor(entry["min"]), torch.tensor(entry["max"])
         scale, zero_point = scale_zero_point(low, high, state.bits, signed=state.signed, symmetric=state.symmetric)
         config = {"name": "affine", "data_in_bits": state.bits, "data_in_signed": state.signed,
@@ -172,6 +205,49 @@ def quantize_static(model: nn.Module, state: CalibrationState, *, weight_bits: i
                   **_weight_keys(weight_bits, weight_group_size)}  # fmt: skip
         args[name] = {"config": config}
     return quantize_module_transform_pass(model, args)
+
+
+def _activation_spec(fmt: str | FormatSpec, where: str) -> FormatSpec | None:
+    """The spec of a static activation format (None for "affine", the default integer path)."""
+    from lowbit.calibrate.specs import check_calibratable
+
+    if isinstance(fmt, str) and fmt.strip().lower() == "affine":
+        return None
+    if not isinstance(fmt, (str, FormatSpec)):
+        raise ConfigError(f"{where}: activation_format must be a format name or spec, got {type(fmt).__name__}")
+    try:
+        spec = check_calibratable(fmt)
+    except LowbitError as error:
+        raise ConfigError(f"{where}: activation_format={fmt!r}: {error}") from None
+    if isinstance(spec, (Binary, Ternary)):
+        raise ConfigError(f"{where}: activation_format={fmt!r}: a calibration state holds ranges, and "
+                          f"{spec.format_name}'s alpha is a mean of magnitudes; use lowbit.calibrate.calibrated_spec "
+                          "with MagnitudeObserver instead")  # fmt: skip
+    return spec
+
+
+def _quantize_static_with(model: nn.Module, state: CalibrationState, spec: FormatSpec, weight_bits: int,
+                          weight_group_size: int | None) -> tuple[nn.Module, dict[str, Any]]:  # fmt: skip
+    """quantize_static for a non-affine activation spec: its frozen parameters from each module's range."""
+    from lowbit.calibrate import MinMaxObserver, calibrated_spec
+
+    modules = dict(model.named_modules())
+    args: dict[str, Any] = {"by": "name"}
+    for name, entry in state.ranges.items():
+        _check_module(name, modules)
+        observer = MinMaxObserver()
+        observer.update(torch.tensor(entry["min"] + entry["max"], dtype=torch.float32))  # the widest range
+        frozen = calibrated_spec(observer, spec)
+        config = {"name": "affine", "data_in_name": frozen.format_name, **_weight_keys(weight_bits, weight_group_size),
+                  **{f"data_in_{key}": value for key, value in frozen.params().items()}}  # fmt: skip
+        args[name] = {"config": config}
+    return quantize_module_transform_pass(model, args)
+
+
+def _check_module(name: str, modules: dict[str, nn.Module]) -> None:
+    if name not in modules:
+        raise ConfigError(f"calibration state names module {name!r}, which the model does not have"
+                          f"{did_you_mean(name, [n for n in modules if n])}")  # fmt: skip
 
 
 def quantize_dynamic(model: nn.Module, *, bits: int = 8, per: str = "token", weight_bits: int = 8,

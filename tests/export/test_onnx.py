@@ -137,11 +137,31 @@ def test_float8_and_fixed_point_roles(tmp_path):
     assert np.all(np.abs(theirs - ours) <= step)
 
 
+def test_static_float8_activations(tmp_path):
+    """quantize_static(activation_format="e4m3"): one calibrated scale per input, exported as a float8 QDQ pair
+    with that scale; ONNX Runtime gives lowbit's outputs."""
+    torch.manual_seed(0)
+    model = DigitsMLP().eval()
+    state = calibrate(model, [inputs((16, 64), seed) for seed in range(4)], activation_format="e4m3")
+    model = quantize_static(model, state)[0]
+    x = inputs((32, 64), seed=9) * 1.5  # beyond the calibrated range too: saturation at 448 * scale
+    export_onnx(model, x, tmp_path / "s.onnx")
+    assert node_types(tmp_path / "s.onnx").count("QuantizeLinear") == 3
+    # ONNX Runtime 1.31's graph optimizer fuses float8 QDQ + int8 weights into a QGemm that rejects float8
+    # input (INVALID_GRAPH); the file itself is valid ONNX and runs with the optimizer off.
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(tmp_path / "s.onnx"), options, providers=["CPUExecutionProvider"])
+    theirs = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    np.testing.assert_allclose(theirs, model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(("roles", "message"), [
     ({"weight": ("ternary", {"scaling_factor": True})}, r"layer 'fc2', role 'weight', format ternary"),
     ({"weight": ("block_fp", {"width": 8})}, r"format block_fp\(.*ONNX cannot express"),
     ({"weight": ("mxfp4_e2m1", {})}, "mxfp4_e2m1"),
     ({"data_in": ("affine", {"bits": 8})}, "dynamic"),
+    ({"data_in": ("e4m3", {"scale": [0.1, 0.2], "axis": 0})}, "given per channel"),
     ({"data_in": ("affine", {"bits": 6, "scale": 0.1})}, "bits=6"),
     ({"data_in": ("minifloat_ieee", {"width": 8})}, "minifloat_ieee"),
     ({"data_in": ("affine", {"bits": 8, "scale": 0.1, "rounding": "nearest_away"})}, "rounds half to even"),

@@ -152,6 +152,24 @@ def test_given_scale_per_channel():
     check(x, "affine", bits=4, signed=False, scale=0.25, zero_point=7, power_of_two=True)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_given_scales_and_alphas_per_tensor_and_per_channel(dtype):
+    """Calibrated (frozen) parameters: OCP scales, binary / ternary alphas (see lowbit.calibrate.specs)."""
+    x = data((3, 10), dtype, 12) * 40  # beyond the given ranges too: saturation is encoded as well
+    x[0, :3] = torch.tensor([math.inf, -math.inf, 0.0], dtype=dtype)
+    scales = [0.1, 0.02, 3.0]
+    for name in ("e5m2", "e4m3", "e3m2", "e2m3", "e2m1"):
+        q = check(x, name, scale=scales, axis=0)
+        assert q.params["scale"].shape == (3, 1) and q.params["scale"].dtype == torch.float32 and q.block == (1, 10)
+        assert q.params["scale"].flatten().tolist() == torch.tensor(scales).tolist()
+        check(x, name, scale=0.37, scale_dtype="bf16")
+    check(x, "e4m3", scale=[0.5], axis=1, saturate=False, rounding="toward_zero")
+    for params in ({"alpha": [0.5, 2.0, 1.0], "axis": 0}, {"alpha": 0.3, "bipolar": False}):
+        check(x, "binary", scaling_factor=True, **params)
+    for params in ({"alpha": [0.5, 2.0, 1.0], "axis": 0}, {"alpha": 0.75, "threshold": 0.2}):
+        check(x, "ternary", scaling_factor=True, **params)
+
+
 def test_e5m2_without_saturation_keeps_infinities():
     x = torch.tensor([1e6, -1e6, math.inf, 2.0, -0.0])
     q = check(x, "e5m2", saturate=False)

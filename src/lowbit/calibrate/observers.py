@@ -144,6 +144,11 @@ class Observer:
         parameters = self.scale_zero_point(bits, signed, symmetric, power_of_two, narrow_range)
         return builders.affine_spec(parameters, bits, signed, self.axis, narrow_range, **format_parameters)
 
+    def spec_for(self, fmt, **overrides):
+        """``calibrated_spec(self, fmt, **overrides)`` (lowbit.calibrate.specs): fmt with frozen parameters."""
+        from lowbit.calibrate.specs import calibrated_spec  # imported here: specs builds on this module
+        return calibrated_spec(self, fmt, **overrides)
+
     def _range_for(self, **target) -> MinMax:
         if self.count == 0:
             raise ConfigError(f"{type(self).__name__} has seen no data (no finite values); call update() first")

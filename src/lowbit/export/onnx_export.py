@@ -14,7 +14,7 @@ for the two markers, so every other op is converted by PyTorch's own exporter. W
 
 - activations: ``affine`` / Burn presets of 8 bits with a *given* (calibrated, static) scale and zero point,
   per tensor or per channel, round-half-to-even, no narrow range; ``integer`` / ``fixed`` of width 8;
-  ``e4m3`` / ``e5m2`` unscaled (float8 QuantizeLinear, scale 1);
+  ``e4m3`` / ``e5m2`` unscaled (float8 QuantizeLinear, scale 1) or with one given (calibrated) scale;
 - parameters: ``affine`` / presets / ``integer`` of at most 8 bits with any scale source, per tensor, per
   channel or in blocks along one axis (DequantizeLinear ``block_size``); ``e4m3`` / ``e5m2``, unscaled or
   per tensor / channel.
@@ -146,9 +146,11 @@ def _activation_plan(spec: FormatSpec, where: str) -> RolePlan:
         raise ExportError(f"{where}: ONNX QuantizeLinear rounds half to even; rounding={spec.rounding!r} "
                           "cannot be exported")
     if name in _FP8:
-        if spec.is_scaled:
-            raise ExportError(f"{where}: its scale is derived from each input (dynamic); QDQ ONNX needs static scales")
-        return RolePlan("qdq", torch.tensor(1.0), torch.zeros((), dtype=_FP8[name]), saturate=int(spec.saturate))
+        if spec.is_scaled and (spec.scale is None or len(spec.scale) != 1):
+            raise ExportError(f"{where}: its scale is derived from each input (dynamic) or given per channel; "
+                              "QDQ ONNX needs one static scale (quantize_static(activation_format=...))")  # fmt: skip
+        scale = torch.tensor(spec.stored_scale[0] if spec.scale is not None else 1.0)  # the scale as stored
+        return RolePlan("qdq", scale, torch.zeros((), dtype=_FP8[name]), saturate=int(spec.saturate))
     if name in ("integer", "fixed"):
         if spec.width != 8:
             raise ExportError(f"{where}: ONNX QuantizeLinear saturates at 8 bits; width={spec.width} "

@@ -257,3 +257,35 @@ SCALE_DTYPES: dict[str, str] = {
     "f16": "f16", "float16": "f16", "fp16": "f16", "half": "f16",
     "bf16": "bf16", "bfloat16": "bf16",
 }  # fmt: skip
+
+
+_SCALE_LIMITS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def check_given_scales(spec: FormatSpec, name: str, scale_dtype: str = "f32") -> tuple[float, ...] | None:
+    """None, or given scales (a number, a list or a tensor) stored as a tuple of floats.
+
+    Each must be finite and inside [smallest normal, largest finite] of ``scale_dtype``, the range a stored
+    scale can take; more than one needs ``axis`` (one per index along it; the count is checked against the
+    tensor when it is quantized).
+    """
+    value = check_optional(spec, name)
+    if value is None:
+        return None
+    info = torch.finfo(_SCALE_LIMITS[scale_dtype])
+    legal = (f"every value must be a finite number in [{info.tiny:.6g}, {info.max:.6g}] (the range of "
+             f"{scale_dtype} scales); one per tensor, or one per index of axis")  # fmt: skip
+    items = value.detach().flatten().tolist() if isinstance(value, torch.Tensor) else value
+    items = list(items) if isinstance(items, (list, tuple)) else [items]
+    try:
+        if not items or any(isinstance(v, (bool, str)) for v in items):
+            raise TypeError
+        scales = tuple(float(v) for v in items)
+    except (TypeError, ValueError):
+        raise _fail(spec, name, value, legal) from None
+    if not all(math.isfinite(s) and info.tiny <= s <= info.max for s in scales):
+        raise _fail(spec, name, value, legal)
+    if len(scales) > 1 and getattr(spec, "axis", None) is None:
+        raise _fail(spec, name, value, f"{len(scales)} values need axis= to say which dimension they follow")
+    set_field(spec, name, scales)
+    return scales

@@ -10,6 +10,8 @@
     E[y] = x inside [-alpha, alpha] / [0, alpha]: unbiased. Max = alpha (1 unscaled), no subnormals; zero is
     not representable in bipolar mode (it becomes +alpha). NaN stays NaN; +-inf take their sign's value.
     Non-finite elements count as 0 in alpha (a NaN changes nothing that a 0 would not change).
+    A given ``alpha`` (calibrated: one number, or one per index of ``axis``; needs ``scaling_factor``) is
+    used as it is, whatever the data: the signs are chosen as above and take the values +-alpha / {0, alpha}.
 
 ``binary_residual`` (ReActNet / LUTNet residual sign)
     Value set: every signed sum +-m_1 +- m_2 ... +- m_L of the magnitudes ``means`` (2^L values when those
@@ -30,9 +32,9 @@ import math
 import torch
 
 from lowbit.errors import FormatError
-from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_int, check_optional
+from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_given_scales, check_int, check_optional
 from lowbit.formats._registry import register
-from lowbit.formats.blocking import apply_blockwise, block_shape, scaled_bits_per_element
+from lowbit.formats.blocking import apply_blockwise, block_shape, given_per_axis, scaled_bits_per_element
 
 
 _COUNTED_GRID_SIZE = 16
@@ -76,12 +78,14 @@ class Binary(FormatSpec):
     stochastic: bool = False
     scaling_factor: bool = False
     axis: int | None = None
+    alpha: float | tuple[float, ...] | None = None
 
     def validate(self) -> None:
         check_int(self, "width", 1, 1)
         for name in ("bipolar", "stochastic", "scaling_factor"):
             check_bool(self, name)
         check_axis(self)
+        check_given_alpha(self)
         # One truth for stochastic: the flag (MASE's key) and rounding="stochastic" mean the same.
         if self.stochastic or self.rounding == "stochastic":
             object.__setattr__(self, "stochastic", True)
@@ -92,19 +96,23 @@ class Binary(FormatSpec):
         return 1
 
     def bits_per_element(self, shape: tuple[int, ...] | None = None) -> float:
-        """One bit, plus a float32 scale per tensor / channel when ``scaling_factor`` is set."""
-        if shape is None or not self.scaling_factor:
+        """One bit, plus a float32 scale per tensor / channel when ``scaling_factor`` is set (a given
+        ``alpha`` is a parameter of the format, as ``affine``'s given scale: one bit)."""
+        if shape is None or not self.scaling_factor or self.alpha is not None:
             return 1.0
         return scaled_bits_per_element(1, 32, shape, None, self.axis)
 
     def value_set(self) -> torch.Tensor | None:
-        if self.scaling_factor:
-            return None
-        return torch.tensor([-1.0, 1.0] if self.bipolar else [0.0, 1.0], dtype=torch.float64)
+        unit = torch.tensor([-1.0, 1.0] if self.bipolar else [0.0, 1.0], dtype=torch.float64)
+        if not self.scaling_factor:
+            return unit
+        return unit * self.alpha[0] if self.alpha is not None and len(self.alpha) == 1 else None
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         if not self.scaling_factor:
             return self._binarize(x, torch.ones((), dtype=x.dtype, device=x.device), generator)
+        if self.alpha is not None:
+            return self._binarize(x, given_alpha(self, x), generator)
         block = block_shape(x.shape, None, self.axis)
         return apply_blockwise(x, block, lambda b, dims: self._binarize(b, self._scale(b, dims), generator))
 
@@ -124,6 +132,17 @@ class Binary(FormatSpec):
             high = x >= 0 if self.bipolar else x > 0
         out = torch.where(high, alpha, low * alpha)
         return torch.where(torch.isnan(x), x, out)
+
+
+def check_given_alpha(spec: FormatSpec) -> None:
+    """``alpha``: None, or given scales (finite, in float32's normal range) that need ``scaling_factor``."""
+    if check_given_scales(spec, "alpha") is not None and not spec.scaling_factor:
+        raise FormatError(f"{spec.format_name}: alpha={spec.alpha!r} needs scaling_factor=True (alpha is the scale)")
+
+
+def given_alpha(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor:
+    """The given ``alpha`` in x's dtype, shaped to broadcast over ``x`` (per tensor or along ``axis``)."""
+    return given_per_axis(spec.alpha, x, spec.axis, f"{spec.format_name}: alpha")
 
 
 @functools.lru_cache(maxsize=64)

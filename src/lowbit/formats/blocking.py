@@ -154,3 +154,22 @@ def scaled_bits_per_element(element_bits: float, scale_bits: int, shape, block_s
         return float(element_bits)
     block = block_shape(shape, block_size, axis, skip_first_dim)
     return element_bits + scale_bits * num_blocks(shape, block) / numel
+
+
+def given_per_axis(values: tuple[float, ...], x: torch.Tensor, axis: int | None, where: str) -> torch.Tensor:
+    """Given per-tensor / per-channel parameters as a tensor (x's dtype and device) that broadcasts over x:
+    one value for the whole tensor, or one per index of ``axis``. FormatError naming ``where`` (the format
+    and parameter) when there are neither one nor x.shape[axis] of them."""
+    given = torch.tensor(values, dtype=x.dtype, device=x.device)
+    view = [1] * x.dim()  # a 0-d x keeps its 0-d shape
+    if axis is not None:
+        dim = normalize_axis(axis, x.dim())
+        length = x.shape[dim] if x.dim() else 1
+        if len(values) != 1 and len(values) != length:  # plain ints: torch.compile traces this as a guard
+            raise FormatError(
+                f"{where}: {len(values)} values do not match dimension {dim} of size {length} (axis={axis}, "
+                f"tensor shape {tuple(x.shape)}); give one value, or one per index of that dimension"
+            )
+        if x.dim():
+            view[dim] = -1
+    return given.reshape(view)

@@ -297,10 +297,10 @@ class Affine(FormatSpec):
         if self.axis is not None:
             axis = normalize_axis(self.axis, x.dim())
             length = x.shape[axis] if x.dim() else 1
-            for name, values in (("scale", scale), ("zero_point", zero_point)):
-                if values.numel() not in (1, length):
+            for name, count in (("scale", len(self.scale)), ("zero_point", len(self.zero_point or (0,)))):
+                if count != 1 and count != length:  # plain ints: torch.compile traces the check as a guard
                     raise FormatError(
-                        f"{self.format_name}: {values.numel()} {name} values do not match dimension {axis} "
+                        f"{self.format_name}: {count} {name} values do not match dimension {axis} "
                         f"of size {length} (axis={self.axis}, tensor shape {tuple(x.shape)})"
                     )
             if x.dim():

@@ -18,6 +18,11 @@ value of ``scale_dtype`` with max_element * s >= max |x| over the block's finite
 amax / max_element rounded up, adjusted by at most one step): the block maximum never overflows, and
 quantizing a quantized block gives the same scale back, so scaled formats are idempotent too. An all-zero
 block gets the smallest normal scale and stays zero. NaN elements do not set the scale.
+
+Given (calibrated) scales: ``scale`` is one number for the whole tensor, or one per index of ``axis``
+(see ``lowbit.calibrate.calibrated_spec``). It is rounded to ``scale_dtype`` (to nearest) and used as it
+is, whatever the data: elements become s * element(x / s), and values beyond s * max overflow as
+``saturate`` says. ``scale`` excludes ``block_size``; ``skip_first_dim`` does not apply to it.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from lowbit.formats._base import (
     check_block_size,
     check_bool,
     check_choice,
+    check_given_scales,
 )
 from lowbit.formats._registry import register
 from lowbit.formats.blocking import (
@@ -43,6 +49,7 @@ from lowbit.formats.blocking import (
     block_shape,
     block_statistics,
     finite_abs_max,
+    given_per_axis,
     scaled_bits_per_element,
 )
 from lowbit.formats.minifloat import FloatGrid
@@ -125,7 +132,7 @@ def _next_scale(scale: torch.Tensor, target: torch.dtype, toward: float) -> torc
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _OcpFloat(FormatSpec):
-    """An OCP element type as a format: a plain cast, or per-channel / per-block scaled."""
+    """An OCP element type as a format: a plain cast, per-channel / per-block scaled, or with given scales."""
 
     element: ClassVar[ElementFormat]
 
@@ -134,6 +141,7 @@ class _OcpFloat(FormatSpec):
     block_size: tuple[int, ...] | None = None
     skip_first_dim: bool = False
     scale_dtype: str = "f32"
+    scale: float | tuple[float, ...] | None = None
 
     def validate(self) -> None:
         check_bool(self, "saturate")
@@ -146,11 +154,20 @@ class _OcpFloat(FormatSpec):
                 f"{self.format_name}: axis={self.axis!r} with block_size={list(self.block_size)} is ambiguous; "
                 "give axis with a one-entry block_size (blocks along axis), or an ND block_size alone"
             )
+        scales = check_given_scales(self, "scale", self.scale_dtype)
+        if scales is not None and self.block_size is not None:
+            raise FormatError(
+                f"{self.format_name}: give scale= (per tensor or per axis) or block_size= (scales from each "
+                "block's data), not both"
+            )
+        # The given scales as stored (rounded to scale_dtype once, here): every path multiplies by these.
+        stored = None if scales is None else round_scale(torch.tensor(scales, dtype=torch.float64), self.scale_dtype)
+        object.__setattr__(self, "stored_scale", None if stored is None else tuple(stored.tolist()))
 
     # ---- description --------------------------------------------------------------------------------
     @property
     def is_scaled(self) -> bool:
-        return self.axis is not None or self.block_size is not None
+        return self.axis is not None or self.block_size is not None or self.scale is not None
 
     @property
     def bits(self) -> int:
@@ -170,20 +187,29 @@ class _OcpFloat(FormatSpec):
         return self.element.grid.min_subnormal
 
     def bits_per_element(self, shape: tuple[int, ...] | None = None) -> float:
-        """Element bits plus each block's scale bits spread over the block's elements."""
-        if not self.is_scaled:
+        """Element bits plus each block's scale bits spread over the block's elements (given scales are
+        parameters of the format, as for ``affine``: element bits only)."""
+        if not self.is_scaled or self.scale is not None:
             return float(self.bits)
         scale_bits = SCALE_DTYPE_BITS[self.scale_dtype]
         return scaled_bits_per_element(self.bits, scale_bits, shape, self.block_size, self.axis, self.skip_first_dim)
 
     def value_set(self) -> torch.Tensor | None:
-        """Every finite element value (float64, sorted, one zero); None when scaled (depends on the data)."""
-        return None if self.is_scaled else self.element.grid.values()
+        """Every finite value (float64, sorted, one zero): the elements, times the scale when one scale is
+        given; None when the scales depend on the data or differ per channel."""
+        if not self.is_scaled:
+            return self.element.grid.values()
+        if self.scale is None or len(self.scale) != 1:
+            return None
+        return self.element.grid.values() * self.stored_scale[0]
 
     # ---- quantization -------------------------------------------------------------------------------
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         if not self.is_scaled:
             return round_element(x, self.element, self.rounding, self.saturate, generator)
+        if self.scale is not None:
+            scale = self.given_scale(x)
+            return round_element(x / scale, self.element, self.rounding, self.saturate, generator) * scale
         block = block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim)
         return apply_blockwise(x, block, lambda blocked, dims: self._quantize_block(blocked, dims, generator))
 
@@ -194,11 +220,19 @@ class _OcpFloat(FormatSpec):
     def _block_scale(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         return covering_scale(finite_abs_max(blocked, dims), self.element.max_value, self.scale_dtype)
 
+    def given_scale(self, x: torch.Tensor) -> torch.Tensor:
+        """The given ``scale`` rounded to ``scale_dtype`` (``stored_scale``), in x's dtype (float32 / float64
+        hold it exactly), shaped to broadcast over ``x``."""
+        return given_per_axis(self.stored_scale, x, self.axis, f"{self.format_name}: scale")
+
     def scales(self, x: torch.Tensor) -> torch.Tensor:
         """The scale of every block of ``x`` (one entry per block, float32 / float64); ones when unscaled."""
         work = x.detach() if x.dtype in (torch.float32, torch.float64) else x.detach().float()
         if not self.is_scaled or work.numel() == 0:
             return torch.ones((1,) * work.dim(), dtype=work.dtype)
+        if self.scale is not None:  # per tensor ([1, 1, ...]) or per channel ([1, C, 1, ...])
+            block = block_shape(work.shape, None, self.axis)
+            return self.given_scale(work).expand([-(-d // b) for d, b in zip(work.shape, block)]).clone()
         block = block_shape(work.shape, self.block_size, self.axis, self.skip_first_dim)
         return block_statistics(work, block, self._block_scale)
 

@@ -15,6 +15,11 @@ when they are all equal, so re-quantizing is idempotent). Max = alpha (1 unscale
 subnormals. NaN stays NaN; +-inf become +-alpha (+-1 unscaled); an all-zero tensor gives zeros. Works on
 tensors of any rank. Unscaled with a fixed delta >= 1 the map is a threshold, not a rounding: +-1 itself
 falls below delta, so it is not idempotent there.
+
+A given ``alpha`` (calibrated: one number, or one per index of ``axis``; needs ``scaling_factor``) freezes
+the scale only: delta still follows rules 1-3 above (so with neither ``threshold`` nor a statistic it is
+still TWN's 0.75 mean |x| of each call's data), and the values are {-alpha, 0, +alpha}. The result is
+idempotent when alpha > delta, which a calibrated alpha (a mean of magnitudes above delta) always is.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import torch
 
 from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_float, check_int
 from lowbit.formats._registry import register
-from lowbit.formats.binary import masked_mean, mean_abs
+from lowbit.formats.binary import check_given_alpha, given_alpha, masked_mean, mean_abs
 from lowbit.formats.blocking import apply_blockwise, block_shape, scaled_bits_per_element
 
 # Threshold = factor * |statistic|, tried in this order (seed 002 / MASE 2023 priorities).
@@ -48,6 +53,7 @@ class Ternary(FormatSpec):
     median: float | None = None
     max: float | None = None
     axis: int | None = None
+    alpha: float | tuple[float, ...] | None = None
 
     def validate(self) -> None:
         check_int(self, "width", 2, 2)
@@ -58,14 +64,16 @@ class Ternary(FormatSpec):
         for name, _ in STATISTIC_FACTORS:
             check_float(self, name, optional=True)
         check_axis(self)
+        check_given_alpha(self)
 
     @property
     def bits(self) -> int:
         return 2
 
     def bits_per_element(self, shape: tuple[int, ...] | None = None) -> float:
-        """Two bits, plus a float32 scale per tensor / channel when ``scaling_factor`` is set."""
-        if shape is None or not self.scaling_factor:
+        """Two bits, plus a float32 scale per tensor / channel when ``scaling_factor`` is set (a given
+        ``alpha`` is a parameter of the format: two bits)."""
+        if shape is None or not self.scaling_factor or self.alpha is not None:
             return 2.0
         return scaled_bits_per_element(2, 32, shape, None, self.axis)
 
@@ -81,19 +89,29 @@ class Ternary(FormatSpec):
         return None
 
     def value_set(self) -> torch.Tensor | None:
-        return None if self.scaling_factor else torch.tensor([-1.0, 0.0, 1.0], dtype=torch.float64)
+        unit = torch.tensor([-1.0, 0.0, 1.0], dtype=torch.float64)
+        if not self.scaling_factor:
+            return unit
+        return unit * self.alpha[0] if self.alpha is not None and len(self.alpha) == 1 else None
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         block = block_shape(x.shape, None, self.axis)
-        return apply_blockwise(x, block, self._ternarize)
+        if self.alpha is None:
+            return apply_blockwise(x, block, self._ternarize)
+        signs = apply_blockwise(x, block, self._signs)  # delta by the usual rule; the scale is frozen
+        return torch.where(torch.isnan(x), x, signs * given_alpha(self, x))
 
-    def _ternarize(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    def _signs(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+        """-1, 0 or +1 per element by the threshold delta (given, from statistics, or TWN per block)."""
         fixed = self.fixed_threshold
         if fixed is None:
             delta = TWN_FACTOR * mean_abs(blocked, dims)
         else:
             delta = torch.tensor(fixed, dtype=blocked.dtype, device=blocked.device)
-        signs = (blocked > delta).to(blocked.dtype) - (blocked < -delta).to(blocked.dtype)
+        return (blocked > delta).to(blocked.dtype) - (blocked < -delta).to(blocked.dtype)
+
+    def _ternarize(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+        signs = self._signs(blocked, dims)
         if self.scaling_factor:
             above = (signs != 0) & torch.isfinite(blocked)
             signs = signs * masked_mean(blocked.abs(), above, dims)

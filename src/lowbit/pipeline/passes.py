@@ -110,7 +110,7 @@ def check_quantize(run: TransformRun, args: dict[str, Any]) -> None:
 
 
 _CALIBRATE_KEYS = ("num_batches", "observer", "observer_args", "bits", "signed", "symmetric", "weight_bits",
-                   "weight_group_size", "ops", "save_path")  # fmt: skip
+                   "weight_group_size", "ops", "save_path", "activation_format")  # fmt: skip
 
 
 def _calibrate(run: TransformRun, args: dict[str, Any]) -> Any:
@@ -118,13 +118,13 @@ def _calibrate(run: TransformRun, args: dict[str, Any]) -> Any:
 
     options = {"num_batches": 8, "observer": "min_max", "observer_args": None, "bits": 8, "signed": False,
                "symmetric": False, "weight_bits": 8, "weight_group_size": None, "ops": list(ptq.DEFAULT_OPS),
-               "save_path": "calibration.json", **args}  # fmt: skip
+               "save_path": "calibration.json", "activation_format": "affine", **args}  # fmt: skip
     from lowbit.pipeline.progress import progress
 
     batches = progress(run.inputs("train", options["num_batches"]), "calibrating", enabled=run.options["progress"])
     state = ptq.calibrate(run.module, batches, ops=options["ops"], observer=options["observer"],
                           observer_args=options["observer_args"], bits=options["bits"], signed=options["signed"],
-                          symmetric=options["symmetric"])  # fmt: skip
+                          symmetric=options["symmetric"], activation_format=options["activation_format"])  # fmt: skip
     state.save(run.path(options["save_path"], "save_path", "calibrate"))
     _, info = ptq.quantize_static(run.module, state, weight_bits=options["weight_bits"],
                                   weight_group_size=options["weight_group_size"])  # fmt: skip

@@ -7,7 +7,8 @@
 - e5m2 / e4m3 / e3m2 / e2m3 / e2m1: the OCP bit patterns, identical to torch.float8_e5m2 /
   torch.float8_e4m3fn and ml_dtypes' float6_e3m2fn / float6_e2m3fn / float4_e2m1fn (low bits of a byte).
   e5m2 has +-inf (0x7C) and NaN (0x7F), e4m3 NaN (0x7F). Scaled (``axis`` / ``block_size``): one ``scale``
-  per block in the format's ``scale_dtype``; value = element * scale.
+  per block in the format's ``scale_dtype``; value = element * scale. A given ``scale`` is stored per
+  tensor, or per channel along ``axis``.
 - log: sign | (W-1)-bit exponent code, code 0 = zero, code c = 2^(c - 1 + min_exponent).
 """
 
@@ -25,6 +26,7 @@ from lowbit.qtensor.codecs._common import (
     block_stat,
     check_no_nan,
     expand_blocks,
+    grid_shape,
     narrow_scale,
     power_of_two_code,
     power_of_two_value,
@@ -71,8 +73,12 @@ class OcpFloatCodec(Codec):
             check_no_nan(spec, values)
         if not spec.is_scaled:
             return Encoded(layout.encode(values, 1 - element.exponent_bias), {}, None)
-        block = block_shape(work.shape, spec.block_size, spec.axis, spec.skip_first_dim)
-        scale = block_stat(work, block, spec._block_scale)
+        if spec.scale is not None:  # given: per tensor, or per channel along axis
+            block = block_shape(work.shape, None, spec.axis)
+            scale = spec.given_scale(work).expand(grid_shape(work.shape, block))
+        else:
+            block = block_shape(work.shape, spec.block_size, spec.axis, spec.skip_first_dim)
+            scale = block_stat(work, block, spec._block_scale)
         # y = element * scale rounded once: y / scale is within an ulp of the element, whose grid is far
         # coarser, so rounding it to the element grid recovers the element (the final check confirms it).
         ratio = values.double() / expand_blocks(scale, work.shape, block).double()
