@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 BACKENDS = ("auto", "eager", "compiled")
 AUTO_MIN_ELEMENTS = 1 << 18
-_KernelKey = tuple[object, torch.dtype, int, torch.dtype]
+_KernelKey = tuple  # (spec, dtype, rank, out dtype) for formats; (name, ...) for fused operator kernels
 
 _state = {"backend": None, "broken": False}
 _kernels: dict[_KernelKey, Callable[[torch.Tensor], torch.Tensor]] = {}
@@ -66,10 +66,7 @@ def _checked(name: str, where: str) -> str:
 
 def wants_compiled(spec: FormatSpec, x: torch.Tensor) -> bool:
     """Whether ``spec`` should run on ``x`` through a compiled kernel under the current backend."""
-    backend = get_backend()
-    if backend == "eager" or _state["broken"] or spec.is_stochastic:
-        return False
-    return backend == "compiled" or x.numel() >= AUTO_MIN_ELEMENTS
+    return not spec.is_stochastic and compiling_allowed(x.numel())
 
 
 def run(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -81,14 +78,51 @@ def run(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) ->
             return _narrowed(kernel(spec, torch.float32, x.dim())(_dynamic(x.float())), x.dtype)
         return kernel(spec, x.dtype, x.dim())(_dynamic(x))
     except Exception as error:  # a missing compiler or an Inductor failure: fall back once, loudly
-        _state["broken"] = True
-        warnings.warn(
-            f"lowbit: compiled quantizers are unavailable ({type(error).__name__}: {str(error)[:200]}); "
-            "using the eager path from now on",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        _give_up(error)
         return spec._quantize_in_dtype(x, generator)
+
+
+def compiling_allowed(elements: int, auto_min_elements: int = AUTO_MIN_ELEMENTS) -> bool:
+    """Whether a fused kernel should run on an input of ``elements`` under the backend in force."""
+    backend = get_backend()
+    if backend == "eager" or _state["broken"]:
+        return False
+    return backend == "compiled" or elements >= auto_min_elements
+
+
+def run_fused(key: tuple, function: Callable, *args, dynamic_rows: bool = True) -> torch.Tensor:
+    """``function(*args)`` through a kernel compiled for ``key`` (one per key; static shapes except, with
+    ``dynamic_rows``, the first dimension of the first argument). Runs without autograd (the fused
+    operator kernels are inference kernels). On a compile failure: warn once, run ``function`` eagerly."""
+    try:
+        compiled = _fused_kernel(key, function)
+        if dynamic_rows and args[0].shape[0] > 1:
+            torch._dynamo.maybe_mark_dynamic(args[0], 0)
+        with torch.no_grad():  # one grad mode, so a training loop does not recompile the kernel
+            return compiled(*args)
+    except Exception as error:
+        _give_up(error)
+        return function(*args)
+
+
+def _fused_kernel(key: tuple, function: Callable) -> Callable:
+    with _lock:
+        compiled = _kernels.get(key)
+        if compiled is None:
+            renamed = _renamed(function, f"lowbit_fused_{next(_serial)}")
+            compiled = torch.compile(renamed, dynamic=False, fullgraph=True, options=_INDUCTOR_OPTIONS)
+            _kernels[key] = compiled
+    return compiled
+
+
+def _give_up(error: Exception) -> None:
+    _state["broken"] = True
+    warnings.warn(
+        f"lowbit: compiled kernels are unavailable ({type(error).__name__}: {str(error)[:200]}); "
+        "using the eager path from now on",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def saturating_cast(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -145,6 +179,10 @@ def _quantizer_function(spec: FormatSpec, out_dtype: torch.dtype) -> Callable[[t
     def quantize(x: torch.Tensor) -> torch.Tensor:
         return spec._quantize_in_dtype(x, None, out_dtype)
 
-    name = f"lowbit_{spec.format_name}_{next(_serial)}"
-    code = quantize.__code__.replace(co_name=name, co_qualname=name)
-    return types.FunctionType(code, quantize.__globals__, name, None, quantize.__closure__)
+    return _renamed(quantize, f"lowbit_{spec.format_name}_{next(_serial)}")
+
+
+def _renamed(function: Callable, name: str) -> Callable:
+    """A copy of ``function`` with a code object of its own (its own torch.compile cache entry)."""
+    code = function.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, function.__globals__, name, function.__defaults__, function.__closure__)

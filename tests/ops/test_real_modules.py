@@ -160,3 +160,57 @@ def test_blocked_dequantize_path_on_a_large_weight(cls):
     x = torch.randn(40, 1024)
     assert module.choose_path(x) == "dequantize"
     assert torch.allclose(module(x), module.forward_reference(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def compiled_backend():
+    from lowbit import backend
+
+    backend.clear_cache()
+    backend.set_backend("compiled")
+    yield backend
+    backend.set_backend("eager")
+    backend.clear_cache()
+
+
+@pytest.mark.parametrize("settings", [{}, {"act_symmetric": False}])
+@pytest.mark.parametrize("bias", [True, False])
+def test_compiled_path_equals_int_mm_path_bit_for_bit(compiled_backend, settings, bias):
+    module = Int8DynamicLinear.from_float(torch.nn.Linear(96, 40, bias=bias), **settings)
+    generator = torch.Generator().manual_seed(5)
+    for rows in (1, 3, 130):  # one kernel serves every row count
+        x = torch.randn(rows, 96, generator=generator) * 3
+        x[0, 7] = 40.0  # one outlier sets the first row's scale
+        module.path = "int_mm"
+        want = module(x)
+        module.path = "compiled"
+        assert torch.equal(module(x), want)
+        assert torch.allclose(want, module.forward_reference(x), rtol=1e-5, atol=1e-5)
+    assert len([key for key in compiled_backend._kernels if key[0] == "token_int_mm"]) == 1
+
+
+def test_auto_path_compiles_only_large_token_batches(compiled_backend):
+    module = Int8DynamicLinear.from_float(torch.nn.Linear(32, 8))
+    small, large = torch.randn(Int8DynamicLinear.COMPILED_MIN_ROWS - 1, 32), torch.randn(200, 32)
+    assert module.choose_path(large) == "compiled"
+    assert module.choose_path(small) == ("fbgemm" if kernels.fbgemm_exact() else "int_mm")
+    compiled_backend.set_backend("eager")
+    assert module.choose_path(large) != "compiled"
+    tensor_module = Int8DynamicLinear.from_float(torch.nn.Linear(32, 8), act_symmetric=False, act_granularity="tensor")
+    compiled_backend.set_backend("compiled")
+    assert tensor_module.choose_path(large) != "compiled"
+
+
+def test_fused_kernel_compile_failure_falls_back_to_the_eager_function(compiled_backend, monkeypatch):
+    def broken_compile(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    module = Int8DynamicLinear.from_float(torch.nn.Linear(32, 8))
+    x = torch.randn(100, 32)
+    module.path = "compiled"
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found"):
+        got = module(x)
+    module.path = "int_mm"
+    assert torch.equal(got, module(x))
+    assert module.choose_path(x) != "compiled"  # compiling stays off for the rest of the process

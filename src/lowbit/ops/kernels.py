@@ -78,6 +78,24 @@ def int_mm(codes: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     return torch._int_mm(dense(codes), dense(weight_t))
 
 
+def token_int_mm_linear(x: torch.Tensor, weight_t: torch.Tensor, weight_scale: torch.Tensor,
+                        weight_sums: torch.Tensor | None, bias: torch.Tensor | None, symmetric: bool) -> torch.Tensor:  # fmt: skip
+    """Dynamic per-token int8 linear: row codes (``quant.token_codes``), int8 x int8 -> int32 by
+    ``torch._int_mm``, then acc * row scale * weight scale (+ offset * weight row sums) (+ bias).
+
+    Written as one function so that torch.compile can fuse the quantization into one pass before the
+    matmul and the rescaling into one pass after it (``Int8DynamicLinear`` path "compiled"); run eagerly
+    it is the "int_mm" path. Both compute the same codes, so their integer sums are identical.
+    """
+    from lowbit.ops.quant import token_codes
+
+    token = token_codes(x, symmetric)
+    out = torch._int_mm(token.codes, weight_t).float() * token.scale * weight_scale
+    if token.offset is not None:
+        out = out + token.offset * weight_sums
+    return out if bias is None else out + bias
+
+
 # ---- int4 ------------------------------------------------------------------------------------------------------
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """uint8 codes 0..15 [N, K] (K even) -> [N, K / 2] bytes: element 2j in the low nibble, 2j + 1 high."""

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lowbit import backend
 from lowbit.errors import ConfigError, FormatError
 from lowbit.ops import kernels
 from lowbit.ops.integer import accumulate_int_mm, accumulate_reference, dense
@@ -188,8 +189,9 @@ class Int8DynamicLinear(_Int8WeightLinear):
     "reference"; integer sums are exact on every path, so they differ only in float rounding.
     """
 
-    paths = ("auto", "reference", "fbgemm", "int_mm")
+    paths = ("auto", "reference", "fbgemm", "int_mm", "compiled")
     GRANULARITIES = ("token", "tensor")
+    COMPILED_MIN_ROWS = 64  # measured crossover: below it fbgemm's prepacked kernel wins (docs/real-execution.md)
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, act_symmetric: bool = True,
                  act_granularity: str = "token") -> None:  # fmt: skip
@@ -206,6 +208,9 @@ class Int8DynamicLinear(_Int8WeightLinear):
         return {**super().config(), "act_symmetric": self.act_symmetric, "act_granularity": self.act_granularity}
 
     def choose_path(self, rows: torch.Tensor) -> str:
+        if self.act_granularity == "token" and rows.shape[0] >= self.COMPILED_MIN_ROWS:
+            if backend.compiling_allowed(rows.numel(), auto_min_elements=0):
+                return "compiled"
         return "fbgemm" if kernels.fbgemm_exact() else "int_mm"
 
     # ---- reference: codes, exact int64 sums, float64 rescaling ----------------------------------------------
@@ -242,10 +247,13 @@ class Int8DynamicLinear(_Int8WeightLinear):
     def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
         if self.act_granularity == "tensor":
             return self._tensor_path(path, rows)
-        if path == "int_mm":
-            token = token_codes(rows, self.act_symmetric)
-            out = kernels.int_mm(token.codes, self._weight_t()).float().mul_(token.scale).mul_(self.weight_scale)
-            return self._finish(out, token.offset)
+        if path in ("int_mm", "compiled"):
+            sums = None if self.act_symmetric else self._weight_sums()
+            arguments = (rows, self._weight_t(), self.weight_scale, sums, self.bias, self.act_symmetric)
+            if path == "int_mm":
+                return kernels.token_int_mm_linear(*arguments)
+            key = ("token_int_mm", self.act_symmetric, self.bias is None, self.in_features, self.out_features)
+            return backend.run_fused(key, kernels.token_int_mm_linear, *arguments)
         scale, inverse, offset = token_scales(rows, self.act_symmetric)
         if offset is None and rows.shape[0] == 1:
             # One row: its scale is the tensor's, so fbgemm can apply it (and the bias) itself. It quantizes
