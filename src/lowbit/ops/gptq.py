@@ -1,0 +1,256 @@
+"""GPTQ: error-compensating rounding of int4 weights (Frantar et al. 2022, "GPTQ: Accurate Post-Training
+Quantization for Generative Pre-trained Transformers"), written from the paper's algorithm.
+
+A Linear's output error for inputs x is ``(W - Q) x``; over calibration inputs its mean square is
+``tr((W - Q) H (W - Q)^T) / 2`` with ``H = 2 / n * sum x x^T`` (the Hessian of that loss). GPTQ rounds the
+weight one input column at a time and, after rounding column j, moves the rounding error onto the columns
+not yet rounded, in the direction that the correlations in H say cancels it best (the optimal-brain-surgeon
+update, expressed through the upper Cholesky factor U of H^-1):
+
+    err = (w_j - q_j) / U[j, j];   W[:, j+1:] -= err * U[j, j+1:]
+
+Updates are applied to a block of columns at once and to the rest of the matrix after each block (the
+"lazy batch" form; same arithmetic, faster). Groups: the scale and zero point of a group of ``group_size``
+columns are chosen, with :func:`lowbit.ops.int4.quantize_groups` (min-max plus the shrink search, weighted
+by diag(H)), from the group's weights as they are when its first column comes up, so the error already
+pushed into the group is part of its range. Codes, scales and zero points have exactly the layout
+:class:`~lowbit.ops.int4.Int4WeightOnlyLinear` stores. ``act_order=True`` rounds columns by decreasing
+diag(H); the groups then stay the contiguous groups of the stored layout, with their parameters chosen from
+the weights before any update ("static groups").
+
+:func:`sequential_gptq` runs it over a model layer by layer: each layer's H comes from inputs that already
+went through the earlier, quantized layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from lowbit.errors import ConfigError, FormatError
+from lowbit.ops.int4 import quantize_groups
+
+MAX_DAMPING_TRIES = 8  # the dampening is multiplied by 10 per failed Cholesky factorisation
+
+
+class GptqResult(NamedTuple):
+    """uint8 codes [N, K] (0..15), scales [N, K / g] (scale dtype), uint8 zero points [N, K / g]."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero_point: torch.Tensor
+
+
+class HessianAccumulator:
+    """H = 2 / n * sum over input rows x of x x^T, accumulated batch by batch in float64 ([K, K] memory)."""
+
+    def __init__(self, in_features: int) -> None:
+        self.sum = torch.zeros(in_features, in_features, dtype=torch.float64)
+        self.rows = 0
+
+    def add(self, inputs: torch.Tensor) -> None:
+        rows = inputs.detach().reshape(-1, inputs.shape[-1]).to(torch.float64)  # [M, K]
+        if rows.shape[1] != self.sum.shape[0]:
+            raise FormatError(f"inputs have {rows.shape[1]} features, the Hessian {self.sum.shape[0]}")
+        self.sum.addmm_(rows.t(), rows)
+        self.rows += rows.shape[0]
+
+    def hessian(self) -> torch.Tensor:
+        if self.rows == 0:
+            raise ConfigError("no calibration rows reached this layer: GPTQ needs its inputs")
+        return self.sum * (2.0 / self.rows)
+
+
+# ---- one weight matrix -----------------------------------------------------------------------------------------
+def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int = 32,
+                  scale_dtype: torch.dtype = torch.bfloat16, *, damping: float = 0.1, block_size: int = 128,
+                  act_order: bool = False, search: bool = True) -> GptqResult:  # fmt: skip
+    """Int4 codes of ``weight`` [N, K] that minimise the output error under ``hessian`` [K, K]."""
+    weight, hessian = _checked(weight, hessian, group_size, damping, block_size)
+    n, k = weight.shape
+    weight, hessian = weight.clone(), hessian.clone()
+    dead = torch.diagonal(hessian) == 0  # inputs that were always 0: their weights never matter
+    hessian[dead, dead] = 1.0
+    weight[:, dead] = 0.0
+    importance = torch.diagonal(hessian).float()
+    order = torch.argsort(importance, descending=True, stable=True) if act_order else torch.arange(k)
+    upper = _inverse_cholesky(hessian[order][:, order], damping).float()  # [K, K], in rounding order
+    grid = _Grid(group_size, scale_dtype, search, importance, n, k)
+    if act_order:  # static groups: every group's range from the weight before any update
+        grid.choose_all(weight)
+    work = weight[:, order]  # [N, K] in rounding order
+    codes = torch.zeros(n, k)
+    step = max(group_size, block_size // group_size * group_size)  # blocks hold whole groups
+    for start in range(0, k, step):
+        end = min(k, start + step)
+        block = work[:, start:end].clone()
+        errors = _round_block(block, upper[start:end, start:end], order[start:end].tolist(), grid, codes, act_order)
+        work[:, end:] -= errors @ upper[start:end, end:]  # the block's error, pushed onto later columns at once
+    return GptqResult(codes.to(torch.uint8), grid.scale.to(scale_dtype), grid.zero_point.to(torch.uint8))
+
+
+class _Grid:
+    """Per-group scales and zero points (float32 tables [N, K / g]), chosen with int4's range logic."""
+
+    def __init__(self, group_size: int, scale_dtype, search: bool, importance: torch.Tensor, n: int, k: int) -> None:
+        self.group_size, self.scale_dtype, self.search, self.importance = group_size, scale_dtype, search, importance
+        self.scale = torch.ones(n, k // group_size)
+        self.zero_point = torch.zeros(n, k // group_size)
+
+    def choose_all(self, weight: torch.Tensor) -> None:
+        _, scale, zero_point = quantize_groups(weight, self.group_size, self.scale_dtype, self.search, self.importance)
+        self.scale, self.zero_point = scale.float(), zero_point.float()
+
+    def choose(self, columns: torch.Tensor, first: int) -> None:
+        """The group starting at input ``first`` from its current weights ``columns`` [N, g]."""
+        group, size = first // self.group_size, self.group_size
+        importance = self.importance[first:first + size]
+        _, scale, zero_point = quantize_groups(columns, size, self.scale_dtype, self.search, importance)
+        self.scale[:, group], self.zero_point[:, group] = scale[:, 0].float(), zero_point[:, 0].float()
+
+
+def _round_block(block: torch.Tensor, upper: torch.Tensor, columns: list[int], grid: _Grid, codes: torch.Tensor,
+                 static: bool) -> torch.Tensor:  # fmt: skip
+    """Round ``block`` [N, B] (inputs ``columns``) column by column into ``codes``, each column's error
+    spread over the block's later columns; returns the scaled errors [N, B] for the rest of the matrix."""
+    errors = torch.empty_like(block)
+    size = grid.group_size
+    for j, column in enumerate(columns):
+        if not static and column % size == 0:  # in-order rounding: a group starts here
+            grid.choose(block[:, j:j + size], column)
+        scale, zero_point = grid.scale[:, column // size], grid.zero_point[:, column // size]
+        value = block[:, j]
+        code = torch.round(value / scale).add_(zero_point).clamp_(0, 15)  # int4.py's rounding, bit for bit
+        codes[:, column] = code
+        errors[:, j] = (value - (code - zero_point) * scale).div_(upper[j, j])
+        block[:, j + 1:].addr_(errors[:, j], upper[j, j + 1:], alpha=-1)
+    return errors
+
+
+def _checked(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, damping: float, block_size: int):
+    """float32 weight [N, K] and float64 Hessian [K, K], or an error naming what is wrong."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise FormatError(f"GPTQ needs a 2-D weight [N, K], got {getattr(weight, 'shape', type(weight).__name__)}")
+    n, k = weight.shape
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2 or group_size % 2:
+        raise ConfigError(f"group_size={group_size!r} must be an even int >= 2")
+    if k % group_size:
+        raise FormatError(f"in_features={k} is not divisible by group_size={group_size}")
+    if not (isinstance(damping, (int, float)) and 0 < damping < 1e6):
+        raise ConfigError(f"damping={damping!r} must be a positive number (a fraction of the mean diagonal of H)")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ConfigError(f"block_size={block_size!r} must be a positive int")
+    weight = weight.detach().float()
+    if not bool(torch.isfinite(weight).all()):
+        raise FormatError("the weight has NaN or inf values; it cannot be quantized")
+    if not isinstance(hessian, torch.Tensor) or tuple(hessian.shape) != (k, k):
+        raise FormatError(f"the Hessian must be [{k}, {k}] for a weight with {k} inputs, "
+                          f"got {tuple(getattr(hessian, 'shape', ()))}")  # fmt: skip
+    hessian = hessian.detach().double()
+    if not bool(torch.isfinite(hessian).all()):
+        raise FormatError("the Hessian has NaN or inf values (NaN or inf in the calibration inputs?)")
+    if bool((torch.diagonal(hessian) < 0).any()):
+        raise FormatError("the Hessian has a negative diagonal entry: it is not a sum of x x^T")
+    return weight, hessian
+
+
+def _inverse_cholesky(hessian: torch.Tensor, damping: float) -> torch.Tensor:
+    """Upper Cholesky factor U of (H + d I)^-1 (U^T U = (H + d I)^-1), d = damping * mean diag(H); d grows
+    tenfold until H + d I factorises (a Hessian from few rows is only positive semi-definite)."""
+    mean_diagonal = float(torch.diagonal(hessian).mean())
+    identity = torch.eye(hessian.shape[0], dtype=hessian.dtype)
+    for attempt in range(MAX_DAMPING_TRIES):
+        damped = hessian + (damping * 10**attempt * mean_diagonal) * identity
+        lower, info = torch.linalg.cholesky_ex(damped)
+        if int(info) == 0:
+            inverse = torch.cholesky_inverse(lower)
+            upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
+            if int(info) == 0:
+                return upper
+    raise FormatError(f"the Hessian is not positive definite even with dampening "
+                      f"{damping * 10 ** (MAX_DAMPING_TRIES - 1)} x its mean diagonal")  # fmt: skip
+
+
+# ---- a model, layer after layer --------------------------------------------------------------------------------
+def sequential_gptq(root: nn.Module, targets: dict[str, nn.Module], batches: Iterable[Any],
+                    run_batch: Callable[[nn.Module, Any], Any],
+                    quantize_layer: Callable[[str, nn.Module, torch.Tensor], nn.Module],
+                    row_mask: Callable[[Any], torch.Tensor | None] | None = None) -> dict[str, nn.Module]:  # fmt: skip
+    """Quantize ``targets`` (name -> Linear inside ``root``) in the order the model calls them.
+
+    Each stage runs all calibration batches (``run_batch(root, batch)``) through the model as it is now,
+    collects H for the next unquantized layer and for every other layer fed the very same input tensor
+    (attention's query / key / value), then ``quantize_layer(name, module, H)`` builds their replacements,
+    which are swapped in before the next stage. ``row_mask(batch)`` may give a bool mask [B, T] of the
+    rows that count (e.g. the attention mask: padding tokens are left out of H); a layer input of shape
+    [B, T, K] then contributes only those rows. Returns name -> new module; on an error the original
+    modules are put back.
+    """
+    batches = list(batches)
+    if not batches:
+        raise ConfigError("GPTQ needs calibration batches; calibration_data is empty")
+    pending, done = dict(targets), {}
+    try:
+        while pending:
+            stage = _next_stage(root, pending, batches, run_batch, row_mask)
+            for name, hessian in stage.items():
+                done[name] = quantize_layer(name, pending.pop(name), hessian)
+                _replace(root, name, done[name])
+    except BaseException:
+        for name in done:
+            _replace(root, name, targets[name])
+        raise
+    return done
+
+
+@torch.no_grad()
+def _next_stage(root, pending: dict[str, nn.Module], batches: list, run_batch, row_mask) -> dict[str, torch.Tensor]:
+    """name -> H of the first pending layer the model calls and of the layers fed that same input tensor."""
+    accumulators: dict[str, HessianAccumulator] = {}
+    first: dict[str, Any] = {"input": None, "names": [], "recording": True, "mask": None}  # names: first batch
+
+    def watch(name):
+        def hook(module, inputs):
+            if not inputs or not isinstance(inputs[0], torch.Tensor):
+                return  # called with keyword arguments only: not seen (an error below if never seen)
+            if first["recording"] and name not in first["names"]:
+                if first["input"] is None:
+                    first["input"], first["names"] = inputs[0], [name]
+                elif inputs[0] is first["input"]:
+                    first["names"].append(name)
+            if name in first["names"]:  # only this stage's layers pay for an H
+                if name not in accumulators:
+                    accumulators[name] = HessianAccumulator(module.in_features)
+                accumulators[name].add(_kept_rows(inputs[0], first["mask"]))
+
+        return hook
+
+    hooks = [module.register_forward_pre_hook(watch(name)) for name, module in pending.items()]
+    try:
+        for batch in batches:
+            first["mask"] = None if row_mask is None else row_mask(batch)
+            run_batch(root, batch)
+            first["recording"] = not first["names"]
+            first["input"] = None  # holds no tensor past its batch
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if not first["names"]:
+        missing = ", ".join(sorted(pending)[:3])
+        raise ConfigError(f"the calibration batches never reach {missing}: GPTQ needs each layer's inputs")
+    return {name: accumulators[name].hessian() for name in first["names"]}
+
+
+def _kept_rows(inputs: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The rows of ``inputs`` [B, T, K] where ``mask`` [B, T] is set (all rows if the shapes differ)."""
+    if mask is None or tuple(inputs.shape[:-1]) != tuple(mask.shape):
+        return inputs
+    return inputs[mask.to(device=inputs.device, dtype=torch.bool)]  # [rows, K]
+
+
+def _replace(root: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(root.get_submodule(parent_name) if parent_name else root, child, new)
