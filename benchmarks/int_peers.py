@@ -51,8 +51,17 @@ def _quanto(bits: int) -> Builder:
     return build
 
 
-def _lowbit(recipe: str, **options) -> Builder:
-    return lambda model: lowbit.quantize_model(model, recipe, **options)[0]
+def _lowbit(recipe: str, path: str | None = None, **options) -> Builder:
+    """lowbit's recipe; with ``path`` every converted module is pinned to that kernel path."""
+
+    def build(model: nn.Module) -> nn.Module:
+        model = lowbit.quantize_model(model, recipe, **options)[0]
+        for module in model.modules():
+            if path is not None and path in getattr(module, "paths", ()):
+                module.path = path
+        return model
+
+    return build
 
 
 # label -> (builder, input dtype); lowbit rows last
@@ -67,6 +76,7 @@ PEERS: dict[str, tuple[Builder, torch.dtype]] = {
 }
 LOWBIT: dict[str, tuple[Builder, torch.dtype]] = {
     "lowbit int8_dynamic (per token)": (_lowbit("int8_dynamic"), torch.float32),
+    "lowbit int8_dynamic (per token, fbgemm path)": (_lowbit("int8_dynamic", path="fbgemm"), torch.float32),
     "lowbit int8_dynamic (per token, centred)": (_lowbit("int8_dynamic", act_symmetric=False), torch.float32),
     "lowbit int8_dynamic (per tensor)": (_lowbit("int8_dynamic", act_symmetric=False, act_granularity="tensor"), torch.float32),
     "lowbit int8_weight_only": (_lowbit("int8_weight_only"), torch.float32),

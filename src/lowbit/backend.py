@@ -92,12 +92,15 @@ def compiling_allowed(elements: int, auto_min_elements: int = AUTO_MIN_ELEMENTS)
 
 def run_fused(key: tuple, function: Callable, *args, dynamic_rows: bool = True) -> torch.Tensor:
     """``function(*args)`` through a kernel compiled for ``key`` (one per key; static shapes except, with
-    ``dynamic_rows``, the first dimension of the first argument). Runs without autograd (the fused
+    ``dynamic_rows``, the first dimension of the first argument and of every tensor argument with as many
+    rows). Runs without autograd (the fused
     operator kernels are inference kernels). On a compile failure: warn once, run ``function`` eagerly."""
     try:
         compiled = _fused_kernel(key, function)
-        if dynamic_rows and args[0].shape[0] > 1:
-            torch._dynamo.maybe_mark_dynamic(args[0], 0)
+        rows = args[0].shape[0]
+        for argument in args if dynamic_rows and rows > 1 else ():
+            if isinstance(argument, torch.Tensor) and argument.dim() and argument.shape[0] == rows:
+                torch._dynamo.maybe_mark_dynamic(argument, 0)
         with torch.no_grad():  # one grad mode, so a training loop does not recompile the kernel
             return compiled(*args)
     except Exception as error:

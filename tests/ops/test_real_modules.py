@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import pickle
 
 import pytest
@@ -69,7 +70,7 @@ def test_every_module_path_close_to_reference_and_float(index):
         module.path = path
         out = module(x)
         assert out.shape == (3, 5, 48)
-        bf16 = path in ("int8pack", "int4pack")  # bfloat16 activations
+        bf16 = path in ("int8pack", "int4pack", "dequantize_bf16")  # bfloat16 activations
         assert torch.allclose(out, reference, rtol=2e-2 if bf16 else 1e-5, atol=2e-2 if bf16 else 1e-5)
 
 
@@ -155,11 +156,23 @@ def test_bad_path_raises():
 
 
 @pytest.mark.parametrize("cls", [Int8WeightOnlyLinear, Int4WeightOnlyLinear])
-def test_blocked_dequantize_path_on_a_large_weight(cls):
+def test_blocked_dequantize_path_on_a_large_weight(cls, monkeypatch):
     module = cls.from_float(_linear(1024, 1040, seed=4))  # over 2^20 weights: rebuilt in row blocks
     x = torch.randn(40, 1024)
+    monkeypatch.setattr(kernels, "fast_bfloat16", lambda: False)
     assert module.choose_path(x) == "dequantize"
-    assert torch.allclose(module(x), module.forward_reference(x), rtol=1e-5, atol=1e-5)
+    reference = module.forward_reference(x)
+    assert torch.allclose(module(x), reference, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(kernels, "fast_bfloat16", lambda: True)  # a CPU with bfloat16 hardware
+    assert module.choose_path(x) == "dequantize_bf16"
+    assert module.choose_path(x[:8]) in ("int8pack", "int4pack")
+    error = (module(x) - reference).norm() / reference.norm()
+    assert 0 < error < 5e-3  # bfloat16 rounding of rows and weights (8 significant bits), float32 sums
+
+
+def test_fast_bfloat16_reads_the_cpu_flags():
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    assert kernels.fast_bfloat16() == ("avx512_bf16" in flags or "amx_bf16" in flags)
 
 
 @pytest.fixture
@@ -186,7 +199,16 @@ def test_compiled_path_equals_int_mm_path_bit_for_bit(compiled_backend, settings
         module.path = "compiled"
         assert torch.equal(module(x), want)
         assert torch.allclose(want, module.forward_reference(x), rtol=1e-5, atol=1e-5)
-    assert len([key for key in compiled_backend._kernels if key[0] == "token_int_mm"]) == 1
+    torch._dynamo.utils.counters.clear()
+    for rows in (7, 300):
+        x = torch.randn(rows, 96, generator=generator)
+        module.path = "int_mm"
+        want = module(x)
+        module.path = "compiled"
+        assert torch.equal(module(x), want)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0  # no compile per row count
+    kinds = sorted(key[0] for key in compiled_backend._kernels)
+    assert kinds == ["token_quantize", "token_rescale"]  # one quantizer and one rescaler for every row count
 
 
 def test_auto_path_compiles_only_large_token_batches(compiled_backend):

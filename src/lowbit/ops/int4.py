@@ -20,7 +20,7 @@ from torch import nn
 
 from lowbit.errors import ConfigError, FormatError
 from lowbit.ops import kernels
-from lowbit.ops.modules import RealQuantLinear, _check_linear, dequantized_linear, register
+from lowbit.ops.modules import RealQuantLinear, _check_linear, dequantized_linear, register, weight_only_path
 
 SCALE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 SHRINK_STEPS = tuple(1.0 - 0.05 * step for step in range(7))  # 1.0 .. 0.7
@@ -67,9 +67,10 @@ def quantize_groups(weight: torch.Tensor, group_size: int, scale_dtype: torch.dt
 class Int4WeightOnlyLinear(RealQuantLinear):
     """Paths: "int4pack" (bfloat16 activations; taken for at most ``SMALL_BATCH`` rows), "dequantize"
     (float32 weight rebuilt per call, in row blocks for large weights, then float32 matmul; the reference
-    rebuilds it whole)."""
+    rebuilds it whole), "dequantize_bf16" (the same in bfloat16; auto takes it for large batches on CPUs
+    with bfloat16 hardware, ``kernels.fast_bfloat16``)."""
 
-    paths = ("auto", "reference", "int4pack", "dequantize")
+    paths = ("auto", "reference", "int4pack", "dequantize", "dequantize_bf16")
     SMALL_BATCH = 32
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, group_size: int = 32,
@@ -124,14 +125,16 @@ class Int4WeightOnlyLinear(RealQuantLinear):
         return fits and kernels.int4pack_available()
 
     def choose_path(self, rows: torch.Tensor) -> str:
-        return "int4pack" if rows.shape[0] <= self.SMALL_BATCH and self.int4pack_fits() else "dequantize"
+        path = weight_only_path(rows, self.SMALL_BATCH, self.int4pack_fits())
+        return "int4pack" if path == "packed" else path
 
     def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
         return F.linear(rows, self.dequantized_weight(), self.bias)
 
     def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
-        if path == "dequantize":
-            return dequantized_linear(rows, self.dequantized_weight, self.out_features, self.in_features, self.bias)
+        if path in ("dequantize", "dequantize_bf16"):
+            dtype = torch.bfloat16 if path == "dequantize_bf16" else torch.float32
+            return dequantized_linear(rows, self.dequantized_weight, self.out_features, self.in_features, self.bias, dtype)
         if not self.int4pack_fits():
             raise ConfigError(f"path 'int4pack' needs out_features % 16 == 0 and group_size in 32..256 and the "
                               f"kernel; this module has {self.out_features} outputs, group {self.group_size}")  # fmt: skip

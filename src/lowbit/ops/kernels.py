@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 
 import torch
@@ -78,22 +79,41 @@ def int_mm(codes: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     return torch._int_mm(dense(codes), dense(weight_t))
 
 
-def token_int_mm_linear(x: torch.Tensor, weight_t: torch.Tensor, weight_scale: torch.Tensor,
-                        weight_sums: torch.Tensor | None, bias: torch.Tensor | None, symmetric: bool) -> torch.Tensor:  # fmt: skip
-    """Dynamic per-token int8 linear: row codes (``quant.token_codes``), int8 x int8 -> int32 by
-    ``torch._int_mm``, then acc * row scale * weight scale (+ offset * weight row sums) (+ bias).
-
-    Written as one function so that torch.compile can fuse the quantization into one pass before the
-    matmul and the rescaling into one pass after it (``Int8DynamicLinear`` path "compiled"); run eagerly
-    it is the "int_mm" path. Both compute the same codes, so their integer sums are identical.
-    """
+def token_quantize(x: torch.Tensor, symmetric: bool):
+    """(codes int8 [M, K], row scales [M, 1], row offsets [M, 1] or None): ``quant.token_codes`` as a tuple,
+    the part of the per-token linear that ``Int8DynamicLinear``'s "compiled" path fuses into one pass."""
     from lowbit.ops.quant import token_codes
 
     token = token_codes(x, symmetric)
-    out = torch._int_mm(token.codes, weight_t).float() * token.scale * weight_scale
-    if token.offset is not None:
-        out = out + token.offset * weight_sums
+    return token.codes, token.scale, token.offset
+
+
+def token_rescale(acc: torch.Tensor, scale: torch.Tensor, weight_scale: torch.Tensor, offset: torch.Tensor | None,
+                  weight_sums: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """float32 output of the per-token linear from its int32 sums: acc * row scale * weight scale
+    (+ row offset * weight row sums) (+ bias); fused into one pass on the "compiled" path."""
+    out = acc.float() * scale * weight_scale
+    if offset is not None:
+        out = out + offset * weight_sums
     return out if bias is None else out + bias
+
+
+_workspace = threading.local()
+
+
+def int_mm_workspace(codes: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    """``torch._int_mm(codes, weight_t)`` written into this thread's reusable int32 buffer (grown when too
+    small): no fresh multi-megabyte allocation, whose first-touch page faults cost as much as the rescaling
+    pass (measured in MiniLM: 0.84x -> 0.73x fp32). The result is valid until the next call in the same
+    thread, so it must be consumed at once."""
+    rows, columns = codes.shape[0], weight_t.shape[1]
+    buffer = getattr(_workspace, "buffer", None)
+    if buffer is None or buffer.numel() < rows * columns:
+        buffer = _workspace.buffer = torch.empty(rows * columns, dtype=torch.int32)
+    out = buffer[: rows * columns].view(rows, columns)
+    from lowbit.ops.integer import dense
+
+    return torch._int_mm(dense(codes), dense(weight_t), out=out)
 
 
 # ---- int4 ------------------------------------------------------------------------------------------------------
@@ -132,6 +152,24 @@ def int4pack_weight(codes: torch.Tensor, scale: torch.Tensor, zero_point: torch.
 def int4pack_linear(x: torch.Tensor, packed: torch.Tensor, group_size: int, pairs: torch.Tensor) -> torch.Tensor:
     """x [M, K] (computed in bfloat16) times the packed int4 weight -> float32 [M, N]."""
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), packed, group_size, pairs).float()
+
+
+@functools.lru_cache(maxsize=1)
+def fast_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX-BF16 in /proc/cpuinfo's flags).
+
+    Without it a bfloat16 matmul is 2-4x slower than float32 from 16 rows up (measured on Cascade Lake);
+    with it, 0.3-0.4x (../shared/reference/baselines-cpu.md, Zen 4), so the weight-only modules rebuild
+    their weights in bfloat16 for large batches there (path "dequantize_bf16")."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
 
 
 @functools.lru_cache(maxsize=1)

@@ -105,20 +105,35 @@ class RealQuantLinear(nn.Module):
 BLOCKED_DEQUANTIZE_ELEMENTS = 1 << 20  # weights this large are dequantized in row blocks (measured faster)
 
 
-def dequantized_linear(rows: torch.Tensor, weight_rows, out_features: int, in_features: int, bias) -> torch.Tensor:
+def dequantized_linear(rows: torch.Tensor, weight_rows, out_features: int, in_features: int, bias,
+                       compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:  # fmt: skip
     """rows @ W^T + bias with W rebuilt by ``weight_rows(start, end)`` (float32 rows [end - start, K]).
 
     Small weights are rebuilt whole; large ones in blocks of about 2 MB, each used while it is in cache
-    (one float32 copy of a 16M-element weight costs more than the matmul at 256 rows).
+    (one float32 copy of a 16M-element weight costs more than the matmul at 256 rows). ``compute_dtype``
+    bfloat16 multiplies in bfloat16 (rows and weight rounded to it) with a float32 result.
     """
+    work = rows.to(compute_dtype)
     if out_features * in_features < BLOCKED_DEQUANTIZE_ELEMENTS:
-        return F.linear(rows, weight_rows(0, out_features), bias)
+        weight = weight_rows(0, out_features)
+        if compute_dtype == torch.float32:
+            return F.linear(rows, weight, bias)
+        out = F.linear(work, weight.to(compute_dtype)).float()
+        return out if bias is None else out.add_(bias)
     step = max(16, (1 << 19) // in_features)
     out = torch.empty(rows.shape[0], out_features, dtype=rows.dtype, device=rows.device)
     for start in range(0, out_features, step):
         end = min(out_features, start + step)
-        out[:, start:end] = F.linear(rows, weight_rows(start, end))
+        out[:, start:end] = F.linear(work, weight_rows(start, end).to(compute_dtype))
     return out if bias is None else out.add_(bias)
+
+
+def weight_only_path(rows: torch.Tensor, small_batch: int, packed_kernel_fits: bool) -> str:
+    """The auto path of a weight-only module: the packed bfloat16 kernel for at most ``small_batch`` rows,
+    else the weight rebuilt in bfloat16 where the CPU multiplies bfloat16 in hardware, else in float32."""
+    if rows.shape[0] <= small_batch and packed_kernel_fits:
+        return "packed"
+    return "dequantize_bf16" if kernels.fast_bfloat16() else "dequantize"
 
 
 def _check_linear(module: nn.Module) -> None:
@@ -248,12 +263,7 @@ class Int8DynamicLinear(_Int8WeightLinear):
         if self.act_granularity == "tensor":
             return self._tensor_path(path, rows)
         if path in ("int_mm", "compiled"):
-            sums = None if self.act_symmetric else self._weight_sums()
-            arguments = (rows, self._weight_t(), self.weight_scale, sums, self.bias, self.act_symmetric)
-            if path == "int_mm":
-                return kernels.token_int_mm_linear(*arguments)
-            key = ("token_int_mm", self.act_symmetric, self.bias is None, self.in_features, self.out_features)
-            return backend.run_fused(key, kernels.token_int_mm_linear, *arguments)
+            return self._int_mm_path(rows, fused=path == "compiled")
         scale, inverse, offset = token_scales(rows, self.act_symmetric)
         if offset is None and rows.shape[0] == 1:
             # One row: its scale is the tensor's, so fbgemm can apply it (and the bias) itself. It quantizes
@@ -264,6 +274,22 @@ class Int8DynamicLinear(_Int8WeightLinear):
         # Integer-valued input: fbgemm's round(x + 128) gives the reference's codes exactly.
         out = kernels.fbgemm_linear(centred.round_(), 1.0, 128, self._packed())
         return self._finish(out.mul_(scale), offset)
+
+    def _int_mm_path(self, rows: torch.Tensor, fused: bool) -> torch.Tensor:
+        """Row codes, ``torch._int_mm`` into a reused buffer, rescaling; ``fused``: the first and last steps
+        as compiled kernels (one per (K, symmetric) and (N, symmetric, bias)), bit-identical to eager."""
+        symmetric, sums = self.act_symmetric, None if self.act_symmetric else self._weight_sums()
+        if fused:
+            quantize_key = ("token_quantize", symmetric, self.in_features)
+            codes, scale, offset = backend.run_fused(quantize_key, kernels.token_quantize, rows, symmetric)
+        else:
+            codes, scale, offset = kernels.token_quantize(rows, symmetric)
+        acc = kernels.int_mm_workspace(codes, self._weight_t())
+        arguments = (acc, scale, self.weight_scale, offset, sums, self.bias)
+        if not fused:
+            return kernels.token_rescale(*arguments)
+        rescale_key = ("token_rescale", symmetric, self.bias is None, self.out_features)
+        return backend.run_fused(rescale_key, kernels.token_rescale, *arguments)
 
     def _finish(self, out: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
         if offset is not None:
@@ -332,19 +358,21 @@ class Int8WeightOnlyLinear(_Int8WeightLinear):
     """int8 weights (symmetric, per channel), float activations. Paths: "int8pack" (bfloat16 activations,
     taken for at most ``SMALL_BATCH`` rows, where it is several times faster than float32), "dequantize"
     (float32 weight rebuilt per call, in row blocks for large weights, then float32 matmul; the reference
-    rebuilds it whole)."""
+    rebuilds it whole), "dequantize_bf16" (the same in bfloat16; auto takes it for large batches on CPUs with
+    bfloat16 hardware, ``kernels.fast_bfloat16``)."""
 
-    paths = ("auto", "reference", "int8pack", "dequantize")
+    paths = ("auto", "reference", "int8pack", "dequantize", "dequantize_bf16")
     SMALL_BATCH = 32
 
     def choose_path(self, rows: torch.Tensor) -> str:
-        small = rows.shape[0] <= self.SMALL_BATCH
-        return "int8pack" if small and kernels.int8pack_available() else "dequantize"
+        path = weight_only_path(rows, self.SMALL_BATCH, kernels.int8pack_available())
+        return "int8pack" if path == "packed" else path
 
     def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
         return F.linear(rows, self.dequantized_weight(), self.bias)
 
     def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
-        if path == "dequantize":
-            return dequantized_linear(rows, self.dequantized_weight, self.out_features, self.in_features, self.bias)
+        if path in ("dequantize", "dequantize_bf16"):
+            dtype = torch.bfloat16 if path == "dequantize_bf16" else torch.float32
+            return dequantized_linear(rows, self.dequantized_weight, self.out_features, self.in_features, self.bias, dtype)
         return self._add_bias(kernels.int8pack_linear(rows, self.weight_codes, self.weight_scale))

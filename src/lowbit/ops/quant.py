@@ -205,5 +205,7 @@ def token_codes(x: torch.Tensor, symmetric: bool = True) -> TokenCodes:
     x = x.float()
     scale, inverse, offset = token_scales(x, symmetric)
     centred = x if offset is None else x - offset
-    codes = torch.round(torch.nan_to_num(centred * inverse, nan=0.0)).clamp(-127, 127)
+    scaled = centred * inverse
+    # NaN -> 0 written as a comparison: Inductor vectorises it, nan_to_num it does not (3.5x slower fused)
+    codes = torch.round(torch.where(scaled == scaled, scaled, 0.0)).clamp(-127, 127)
     return TokenCodes(codes.to(torch.int8), scale, inverse, offset)
