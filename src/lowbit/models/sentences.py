@@ -46,3 +46,24 @@ SENTENCES: tuple[str, ...] = (
     "The bridge will be closed for repairs next week.",
     "Electric cars are becoming cheaper every year.",
 )
+
+
+def help_text_sentences() -> list[str]:
+    """Every sentence of Python's own help text (``pydoc_data.topics``, in the standard library) of 50-300
+    characters that is over 90 % letters or spaces, de-duplicated and shuffled with ``random.Random(0)``:
+    the corpus of ../shared/reference/baselines-cpu.md section 4, and calibration text that never overlaps
+    :data:`SENTENCES`."""
+    import random
+    import re
+
+    from pydoc_data.topics import topics
+
+    found = []
+    for paragraph in topics.values():
+        for sentence in re.split(r"(?<=[.!?])\s+", paragraph):
+            sentence = " ".join(sentence.split())
+            if 50 <= len(sentence) <= 300 and sum(c.isalpha() or c == " " for c in sentence) / len(sentence) > 0.9:
+                found.append(sentence)
+    found = list(dict.fromkeys(found))
+    random.Random(0).shuffle(found)
+    return found
