@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from lowbit.convert import _replace
 from lowbit.errors import ConfigError, FormatError
 from lowbit.ops.int4 import quantize_groups
 
@@ -249,8 +250,3 @@ def _kept_rows(inputs: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     if mask is None or tuple(inputs.shape[:-1]) != tuple(mask.shape):
         return inputs
     return inputs[mask.to(device=inputs.device, dtype=torch.bool)]  # [rows, K]
-
-
-def _replace(root: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(root.get_submodule(parent_name) if parent_name else root, child, new)

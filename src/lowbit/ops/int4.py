@@ -15,12 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lowbit.errors import ConfigError, FormatError
 from lowbit.ops import kernels
-from lowbit.ops.modules import RealQuantLinear, _check_linear, dequantized_linear, register, weight_only_path
+from lowbit.ops.modules import WeightOnlyLinear, _check_linear, register
 
 SCALE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 SHRINK_STEPS = tuple(1.0 - 0.05 * step for step in range(7))  # 1.0 .. 0.7
@@ -64,14 +63,12 @@ def quantize_groups(weight: torch.Tensor, group_size: int, scale_dtype: torch.dt
 
 
 @register
-class Int4WeightOnlyLinear(RealQuantLinear):
-    """Paths: "int4pack" (bfloat16 activations; taken for at most ``SMALL_BATCH`` rows), "dequantize"
-    (float32 weight rebuilt per call, in row blocks for large weights, then float32 matmul; the reference
-    rebuilds it whole), "dequantize_bf16" (the same in bfloat16; auto takes it for large batches on CPUs
-    with bfloat16 hardware, ``kernels.fast_bfloat16``)."""
+class Int4WeightOnlyLinear(WeightOnlyLinear):
+    """Paths of :class:`WeightOnlyLinear` with "int4pack" (bfloat16 activations; N a multiple of 16, groups of
+    32 to 256) as the packed one."""
 
     paths = ("auto", "reference", "int4pack", "dequantize", "dequantize_bf16")
-    SMALL_BATCH = 32
+    packed_path = "int4pack"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, group_size: int = 32,
                  scale_dtype: str = "bf16") -> None:  # fmt: skip
@@ -119,23 +116,13 @@ class Int4WeightOnlyLinear(RealQuantLinear):
         groups = groups.sub_(self.weight_zero_point[start:end].unsqueeze(-1).float())
         return groups.mul_(self.weight_scale[start:end].unsqueeze(-1).float()).reshape(codes.shape[0], k)
 
-    def int4pack_fits(self) -> bool:
+    def packed_fits(self) -> bool:
         """The int4pack kernel's shape rules (N a multiple of 16, groups of 32 to 256) and availability."""
         fits = self.group_size in (32, 64, 128, 256) and self.out_features % 16 == 0
         return fits and kernels.int4pack_available()
 
-    def choose_path(self, rows: torch.Tensor) -> str:
-        path = weight_only_path(rows, self.SMALL_BATCH, self.int4pack_fits())
-        return "int4pack" if path == "packed" else path
-
-    def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
-        return F.linear(rows, self.dequantized_weight(), self.bias)
-
-    def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
-        if path in ("dequantize", "dequantize_bf16"):
-            dtype = torch.bfloat16 if path == "dequantize_bf16" else torch.float32
-            return dequantized_linear(rows, self.dequantized_weight, self.out_features, self.in_features, self.bias, dtype)
-        if not self.int4pack_fits():
+    def run_packed(self, rows: torch.Tensor) -> torch.Tensor:
+        if not self.packed_fits():
             raise ConfigError(f"path 'int4pack' needs out_features % 16 == 0 and group_size in 32..256 and the "
                               f"kernel; this module has {self.out_features} outputs, group {self.group_size}")  # fmt: skip
         if "int4pack" not in self._kernel_state:

@@ -24,6 +24,9 @@ import warnings
 
 import torch
 
+from lowbit.ops.integer import dense
+from lowbit.ops.quant import token_codes
+
 FBGEMM_LINEAR = "linear_with_input_q_dq_qweight_dq_output_fp32"
 
 
@@ -72,18 +75,9 @@ def fbgemm_dynamic_linear(x: torch.Tensor, packed) -> torch.Tensor:
     return _overload("linear_dynamic")(x, packed, False)
 
 
-def int_mm(codes: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
-    """int8 [M, K] @ int8 [K, N] -> int32 [M, N] (``torch._int_mm`` on row-major copies where needed)."""
-    from lowbit.ops.integer import dense
-
-    return torch._int_mm(dense(codes), dense(weight_t))
-
-
 def token_quantize(x: torch.Tensor, symmetric: bool):
     """(codes int8 [M, K], row scales [M, 1], row offsets [M, 1] or None): ``quant.token_codes`` as a tuple,
     the part of the per-token linear that ``Int8DynamicLinear``'s "compiled" path fuses into one pass."""
-    from lowbit.ops.quant import token_codes
-
     token = token_codes(x, symmetric)
     return token.codes, token.scale, token.offset
 
@@ -111,8 +105,6 @@ def int_mm_workspace(codes: torch.Tensor, weight_t: torch.Tensor) -> torch.Tenso
     if buffer is None or buffer.numel() < rows * columns:
         buffer = _workspace.buffer = torch.empty(rows * columns, dtype=torch.int32)
     out = buffer[: rows * columns].view(rows, columns)
-    from lowbit.ops.integer import dense
-
     return torch._int_mm(dense(codes), dense(weight_t), out=out)
 
 

@@ -128,12 +128,36 @@ def dequantized_linear(rows: torch.Tensor, weight_rows, out_features: int, in_fe
     return out if bias is None else out.add_(bias)
 
 
-def weight_only_path(rows: torch.Tensor, small_batch: int, packed_kernel_fits: bool) -> str:
-    """The auto path of a weight-only module: the packed bfloat16 kernel for at most ``small_batch`` rows,
-    else the weight rebuilt in bfloat16 where the CPU multiplies bfloat16 in hardware, else in float32."""
-    if rows.shape[0] <= small_batch and packed_kernel_fits:
-        return "packed"
-    return "dequantize_bf16" if kernels.fast_bfloat16() else "dequantize"
+class WeightOnlyLinear(RealQuantLinear):
+    """Paths shared by the weight-only modules: ``packed_path`` (a bfloat16 kernel on packed codes, taken for
+    at most ``SMALL_BATCH`` rows when ``packed_fits()``), "dequantize" (float32 weight rebuilt per call, in
+    row blocks for large weights, then float32 matmul; the reference rebuilds it whole) and
+    "dequantize_bf16" (the same in bfloat16; auto takes it for large batches on CPUs with bfloat16
+    hardware, ``kernels.fast_bfloat16``). Subclasses give ``dequantized_weight``, ``packed_fits`` and
+    ``run_packed``."""
+
+    packed_path: ClassVar[str]
+    SMALL_BATCH = 32
+
+    def packed_fits(self) -> bool:
+        raise NotImplementedError
+
+    def run_packed(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def choose_path(self, rows: torch.Tensor) -> str:
+        if rows.shape[0] <= self.SMALL_BATCH and self.packed_fits():
+            return self.packed_path
+        return "dequantize_bf16" if kernels.fast_bfloat16() else "dequantize"
+
+    def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
+        return F.linear(rows, self.dequantized_weight(), self.bias)
+
+    def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
+        if path == self.packed_path:
+            return self.run_packed(rows)
+        dtype = torch.bfloat16 if path == "dequantize_bf16" else torch.float32
+        return dequantized_linear(rows, self.dequantized_weight, self.out_features, self.in_features, self.bias, dtype)
 
 
 def _check_linear(module: nn.Module) -> None:
@@ -354,25 +378,15 @@ class W8A8StaticLinear(_Int8WeightLinear):
 
 
 @register
-class Int8WeightOnlyLinear(_Int8WeightLinear):
-    """int8 weights (symmetric, per channel), float activations. Paths: "int8pack" (bfloat16 activations,
-    taken for at most ``SMALL_BATCH`` rows, where it is several times faster than float32), "dequantize"
-    (float32 weight rebuilt per call, in row blocks for large weights, then float32 matmul; the reference
-    rebuilds it whole), "dequantize_bf16" (the same in bfloat16; auto takes it for large batches on CPUs with
-    bfloat16 hardware, ``kernels.fast_bfloat16``)."""
+class Int8WeightOnlyLinear(_Int8WeightLinear, WeightOnlyLinear):
+    """int8 weights (symmetric, per channel), float activations; paths of :class:`WeightOnlyLinear` with
+    "int8pack" (bfloat16 activations, several times faster than float32 for few rows) as the packed one."""
 
     paths = ("auto", "reference", "int8pack", "dequantize", "dequantize_bf16")
-    SMALL_BATCH = 32
+    packed_path = "int8pack"
 
-    def choose_path(self, rows: torch.Tensor) -> str:
-        path = weight_only_path(rows, self.SMALL_BATCH, kernels.int8pack_available())
-        return "int8pack" if path == "packed" else path
+    def packed_fits(self) -> bool:
+        return kernels.int8pack_available()
 
-    def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
-        return F.linear(rows, self.dequantized_weight(), self.bias)
-
-    def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
-        if path in ("dequantize", "dequantize_bf16"):
-            dtype = torch.bfloat16 if path == "dequantize_bf16" else torch.float32
-            return dequantized_linear(rows, self.dequantized_weight, self.out_features, self.in_features, self.bias, dtype)
+    def run_packed(self, rows: torch.Tensor) -> torch.Tensor:
         return self._add_bias(kernels.int8pack_linear(rows, self.weight_codes, self.weight_scale))
