@@ -5,7 +5,8 @@ the format) run in one process, round-robin for ROUNDS rounds with a rotating st
 enough calls of every method to last about TARGET seconds; the ratio to clone is taken within the round;
 the table reports the median ratio and the min-max over rounds. "first call" is the latency of the first
 compiled call of a format (compile included) with an empty Inductor cache, after one warm-up compile in the
-process. Compiled and eager outputs are checked to be bit-identical before timing.
+process. Compiled and eager outputs are checked to be bit-identical before timing. The report starts with
+the command and the machine line of ``machine.py``.
 
 Usage: python benchmarks/formats.py [--sizes 1024 4096] [--dtypes float32 bfloat16] [--rounds 7]
                                     [--only NAME ...] [--out FILE]
@@ -21,7 +22,6 @@ import tempfile
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="lowbit-bench-inductor-"))
 
 import argparse  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -33,6 +33,7 @@ from lowbit import backend  # noqa: E402
 from lowbit._io import atomic_write_text  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
+from machine import header_line  # noqa: E402
 from peers import peers_for  # noqa: E402
 
 FORMATS: list[tuple[str, dict, str]] = [
@@ -145,9 +146,10 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also write the markdown report to this file")
     args = parser.parse_args()
     torch.compile(lambda t: t * 2 + 1)(torch.ones(8))  # the process's first compile, not charged to a format
-    lines = [f"`python {' '.join(sys.argv)}`", "",
-             f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
-             f"{args.rounds} rounds, median ratio (min-max over rounds)"]  # fmt: skip
+    machine = header_line()
+    print(machine, flush=True)
+    lines = [f"`python {' '.join(sys.argv)}`", "", machine, "",
+             f"{args.rounds} rounds, median ratio (min-max over rounds)"]
     first: dict[str, float] = {}
     for dtype_name in args.dtypes:
         for size in args.sizes:

@@ -2,7 +2,8 @@
 
 ``variants(model)`` returns ``{label: (quantized model, input dtype)}``; a peer that is missing or fails on
 this machine is reported as ``{label: error text}`` instead, so a table says what could not run and why.
-Every variant is a deep copy: the float model is never changed.
+Every variant is a deep copy: the float model is never changed. The bfloat16 copy of the model (``BASELINE``)
+is in every table, whatever ``only`` selects: it is the float baseline the quantized rows are set against.
 """
 
 from __future__ import annotations
@@ -64,9 +65,11 @@ def _lowbit(recipe: str, path: str | None = None, **options) -> Builder:
     return build
 
 
+BASELINE = "bf16 model"  # the same model cast to bfloat16, inputs in bfloat16: kept by every ``only``
+
 # label -> (builder, input dtype); lowbit rows last
 PEERS: dict[str, tuple[Builder, torch.dtype]] = {
-    "bf16 model": (lambda model: model.to(torch.bfloat16), torch.bfloat16),
+    BASELINE: (lambda model: model.to(torch.bfloat16), torch.bfloat16),
     "torch.ao quantize_dynamic int8": (_torch_ao_dynamic, torch.float32),
     "torchao Int8DynamicActivationInt8Weight": (_torchao("Int8DynamicActivationInt8WeightConfig"), torch.float32),
     "torchao Int8WeightOnly": (_torchao("Int8WeightOnlyConfig"), torch.float32),
@@ -87,7 +90,7 @@ LOWBIT: dict[str, tuple[Builder, torch.dtype]] = {
 def variants(model: nn.Module, only: list[str] | None = None) -> dict[str, tuple[nn.Module, torch.dtype] | str]:
     out: dict[str, tuple[nn.Module, torch.dtype] | str] = {}
     for label, (build, dtype) in {**PEERS, **LOWBIT}.items():
-        if only and not any(word in label for word in only):
+        if only and label != BASELINE and not any(word in label for word in only):
             continue
         try:
             with warnings.catch_warnings():

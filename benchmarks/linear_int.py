@@ -3,7 +3,9 @@
 For each size D (D x D Linear with bias) and batch B, every variant of ``int_peers`` runs in one process,
 interleaved with the fp32 nn.Linear (see ``timing.py``); the table gives the median time ratio to fp32 over
 the rounds (min-max in brackets; < 1 is faster) and the relative L2 error of the output against fp32 at
-B = 16. All calls run under ``torch.no_grad()`` (quanto's int4 path fails under inference_mode).
+B = 16. All calls run under ``torch.no_grad()`` (quanto's int4 path fails under inference_mode). The
+"bf16 model" row (the same nn.Linear cast to bfloat16, input in bfloat16) is in every table, whatever
+``--only`` keeps; the table starts with the machine line of ``machine.py``.
 
 Usage: python benchmarks/linear_int.py [--sizes 1024 4096] [--batches 1 16 256] [--rounds 7] [--threads N]
                                        [--only WORD ...] [--out FILE]
@@ -13,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from int_peers import variants  # noqa: E402
+from machine import header_line  # noqa: E402
 from timing import cell, interleaved  # noqa: E402
 
 from lowbit._io import atomic_write_text  # noqa: E402
@@ -82,10 +84,11 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    machine = header_line()
+    print(machine, flush=True)
     columns, table, errors = measure(args.sizes, args.batches, args.rounds, args.only)
-    header = (f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
-              f"quantized engine {torch.backends.quantized.engine}, {args.rounds} rounds")  # fmt: skip
-    text = header + "\n\n" + markdown(columns, table, errors, args.sizes) + "\n"
+    header = f"quantized engine {torch.backends.quantized.engine}, {args.rounds} rounds"
+    text = machine + "\n\n" + header + "\n\n" + markdown(columns, table, errors, args.sizes) + "\n"
     print(text)
     if args.out:
         atomic_write_text(args.out, text)

@@ -14,7 +14,8 @@ Accuracy: sentence embeddings against fp32: cosine per sentence (mean / min) and
 of pair similarities. Latency: the forward pass on the pre-tokenized batch, interleaved with fp32
 (``timing.py``), ratio to fp32 (< 1 is faster). Size: bytes ``torch.save`` writes for the modules that
 replaced the 37 Linear layers (weights, biases, scales, zero points), as a ratio to fp32. Forward passes
-run under ``torch.no_grad()``. lowbit's int4 recipe is also run with ``calibration_data``.
+run under ``torch.no_grad()``. lowbit's int4 recipe is also run with ``calibration_data``. The "bf16 model"
+row is in every table, whatever ``--only`` keeps; the table starts with the machine line of ``machine.py``.
 
 Usage: HF_HUB_OFFLINE=1 python benchmarks/minilm.py [--corpus pydoc|short] [--rounds 7] [--threads N]
        [--only WORD ...] [--out FILE]
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import platform
 import random
 import sys
 
@@ -37,6 +37,7 @@ from int_peers import linear_weight_bytes, variants  # noqa: E402
 from lowbit._io import atomic_write_text  # noqa: E402
 from lowbit.models.minilm import embed, load_minilm  # noqa: E402
 from lowbit.models.sentences import SENTENCES, help_text_sentences  # noqa: E402
+from machine import header_line  # noqa: E402
 from timing import cell, interleaved  # noqa: E402
 
 
@@ -108,6 +109,8 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    machine = header_line()
+    print(machine, flush=True)
     tokenizer, model = load_minilm()
     linear_names = {name for name, m in model.named_modules() if type(m) is torch.nn.Linear}
     sentences, calibration, pairs = corpus(args.corpus)
@@ -137,9 +140,8 @@ def main() -> None:
         methods["floor: fp32 with every Linear free"] = lambda: floor(**batch)
     with torch.no_grad():
         timings = interleaved(methods, "fp32", rounds=args.rounds, target=0.4, warmup=2)
-    lines = [f"corpus {args.corpus} ({len(sentences)} sentences, {pairs.shape[1]} pairs); "
-             f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.machine()}, {args.rounds} rounds, "
-             f"backend {lowbit.get_backend()}; "
+    lines = [machine, "", f"corpus {args.corpus} ({len(sentences)} sentences, {pairs.shape[1]} pairs); "
+             f"{args.rounds} rounds, backend {lowbit.get_backend()}; "
              f"fp32 batch-32 forward {timings['fp32'].milliseconds:.1f} ms (padded to {batch['input_ids'].shape[1]} tokens); "
              f"fp32 Linear bytes {fp32_bytes / 1e6:.2f} MB", "",
              "| variant | cos mean | cos min | Spearman | latency vs fp32 | Linear bytes vs fp32 |",
