@@ -7,7 +7,7 @@ of two marker ops (``torch.library`` custom ops, registered on first use):
   translated to QuantizeLinear -> DequantizeLinear;
 - ``lowbit_onnx::dq(codes, scale, zero_point, axis, block_size)`` for parameters (``weight`` / ``bias``),
   whose codes are computed once with ``lowbit.encode`` (bit for bit lowbit's quantized weights) and stored
-  as an int8 / uint8 / float8 initializer, translated to DequantizeLinear.
+  as a uint8 / float8 initializer (integer codes always as uint8, see below), translated to DequantizeLinear.
 
 The copy is then exported with ``torch.onnx.export(dynamo=True)`` (opset 21) and a custom translation table
 for the two markers, so every other op is converted by PyTorch's own exporter. What ONNX can express:
@@ -22,6 +22,20 @@ for the two markers, so every other op is converted by PyTorch's own exporter. W
 Anything else (ternary, binary, log, minifloats, block formats, MX, FP6 / FP4, data-derived activation
 scales, stochastic rounding, quantized ops inside an fx graph) raises :class:`ExportError` naming the layer,
 the role and the format.
+
+Integer parameters are written unsigned. A signed code c with zero point z is stored as the uint8 c + 128 with
+zero point z + 128, so DequantizeLinear gives the same (c - z) * scale, bit for bit. The reason is ONNX Runtime's
+CPU kernels: its optimizer fuses Q/DQ around Gemm / MatMul / Conv into QGemm / QLinearMatMul / QLinearConv and
+runs them on MLAS integer GEMMs picked by the signedness of both operands (int8 activations are first rewritten
+to uint8 on x86). With int8 weights that is the u8s8 kernel, which on AVX2 and on AVX-512 without VNNI (and in
+the symmetric-weight convolution kernel) adds each pair of uint8 * int8 products into int16 with saturation
+(vpmaddubsw): a pair beyond 32767 is clipped and the output drifts by many steps. With uint8 weights it is the
+u8u8 kernel, which widens both operands to 16 bits before multiplying, so its pair sums fit in int32 (checked
+natively on AVX-512 VNNI and on QEMU's AVX2-only Zen 3 model, where on the tests' saturating layers u8s8 is off
+by 22 to 41 output steps and u8u8 stays within half a step). ONNX Runtime's own remedy, the session option
+``session.x64quantprecision`` (the same +128 rewrite of int8 weights), is off by default and would be each
+user's to set, so the file carries the exact flavour itself. Cost: on CPUs with VNNI or AMX the u8u8 kernels are
+slower than their u8s8 ones; results are the same there.
 """
 
 from __future__ import annotations
@@ -48,6 +62,7 @@ from lowbit.qtensor import encode
 OPSET = 21
 _FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 _ACTIVATION_ROLES = ("data_in", "data_out")
+_UNSIGNED_SHIFT = 128  # a signed parameter code c is stored as the uint8 c + 128, its zero point z as z + 128
 _CAN_EXPRESS = ("8-bit affine / integer with a static scale, float8 e4m3 / e5m2 (activations); affine / "
                 "integer of at most 8 bits, e4m3 / e5m2 (weights and biases)")  # fmt: skip
 
@@ -193,9 +208,9 @@ def _parameter_plan(spec: FormatSpec, value: torch.Tensor, where: str) -> RolePl
     else:
         codes, scale = q.codes, q.params["scale"].float()
         zero = q.params.get("zero_point", torch.zeros(scale.shape, dtype=torch.int64))
-    if not codes.is_floating_point():
-        code_dtype = torch.int8 if q.signed else torch.uint8
-        codes, zero = codes.to(code_dtype), zero.to(code_dtype)
+    if not codes.is_floating_point():  # stored as uint8, signed codes shifted by 128 (see the module doc)
+        shift = _UNSIGNED_SHIFT if q.signed else 0
+        codes, zero = (codes.to(torch.int16) + shift).to(torch.uint8), (zero.to(torch.int16) + shift).to(torch.uint8)
     axis, block_size = _dq_geometry(tuple(scale.shape), tuple(value.shape), q.block, where)
     if axis is None:  # per tensor: scalar scale and zero point
         scale, zero, axis = scale.reshape(()), zero.reshape(()), 0
