@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from lowbit import ConfigError, FormatError
 from lowbit.ops import REAL_MODULES, Int4WeightOnlyLinear, Int8DynamicLinear, Int8WeightOnlyLinear, W8A8StaticLinear
-from lowbit.ops import kernels
+from lowbit.ops import capabilities, kernels, routes
 
 DYNAMIC_SETTINGS = [{}, {"act_symmetric": False}, {"act_symmetric": False, "act_granularity": "tensor"}]
 
@@ -39,9 +39,15 @@ def test_integer_paths_agree_with_reference(seed, rows, k, n, settings):
     module = Int8DynamicLinear.from_float(_linear(k, n, seed % 100), **settings)
     x = torch.randn(rows, k, generator=generator) * 3
     reference = module.forward_reference(x)
-    for path in ("fbgemm", "int_mm"):
+    for path in _exact_paths(module):
         module.path = path
         assert torch.allclose(module(x), reference, rtol=1e-5, atol=1e-5)
+
+
+def _exact_paths(module) -> list[str]:
+    """The module's fast paths whose probes say they run exactly on this machine (the others raise)."""
+    bits = getattr(module, "act_bits", 8)
+    return [path for path in module.paths[2:] if routes.runs_exactly(path, "cpu", bits)]
 
 
 def test_fast_paths_exact_with_power_of_two_scales():
@@ -66,7 +72,7 @@ def test_every_module_path_close_to_reference_and_float(index):
     float_out = linear(x).detach()
     tolerance = 0.15 if isinstance(module, Int4WeightOnlyLinear) else 0.05
     assert (reference - float_out).norm() / float_out.norm() < tolerance
-    for path in module.paths[2:]:
+    for path in _exact_paths(module):
         module.path = path
         out = module(x)
         assert out.shape == (3, 5, 48)
@@ -149,25 +155,29 @@ def test_int4pack_refuses_shapes_it_cannot_run():
 
 
 def test_bad_path_raises():
-    module = Int8WeightOnlyLinear.from_float(_linear(8, 4))
+    module = Int8WeightOnlyLinear.from_float(_linear(8, 4))  # fbgemm is no path of a weight-only module
     module.path = "fbgemm"
     with pytest.raises(ConfigError, match="path"):
         module(torch.randn(2, 8))
 
 
 @pytest.mark.parametrize("cls", [Int8WeightOnlyLinear, Int4WeightOnlyLinear])
-def test_blocked_dequantize_path_on_a_large_weight(cls, monkeypatch):
+def test_blocked_dequantize_path_on_a_large_weight(cls):
     module = cls.from_float(_linear(1024, 1040, seed=4))  # over 2^20 weights: rebuilt in row blocks
     x = torch.randn(40, 1024)
-    monkeypatch.setattr(kernels, "fast_bfloat16", lambda: False)
-    assert module.choose_path(x) == "dequantize"
+    for cpu_class in capabilities.CLASS_PRESETS:  # a float32 model stays float32 on every CPU
+        with capabilities.injected(cpu_class):
+            assert module.choose_path(x) == "dequantize" and module.choose_path(x[:1]) == "dequantize"
     reference = module.forward_reference(x)
     assert torch.allclose(module(x), reference, rtol=1e-5, atol=1e-5)
-    monkeypatch.setattr(kernels, "fast_bfloat16", lambda: True)  # a CPU with bfloat16 hardware
+    module.compute_dtype = "bf16"  # bfloat16 compute asked for explicitly
     assert module.choose_path(x) == "dequantize_bf16"
     assert module.choose_path(x[:8]) in ("int8pack", "int4pack")
+    assert module.choose_path(x.bfloat16()) == "dequantize_bf16"
     error = (module(x) - reference).norm() / reference.norm()
     assert 0 < error < 5e-3  # bfloat16 rounding of rows and weights (8 significant bits), float32 sums
+    module.compute_dtype = None
+    assert module.choose_path(x[:8].bfloat16()) in ("int8pack", "int4pack")  # a bfloat16 model computes in bf16
 
 
 def test_fast_bfloat16_reads_the_cpu_flags():
@@ -215,7 +225,7 @@ def test_auto_path_compiles_only_large_token_batches(compiled_backend):
     module = Int8DynamicLinear.from_float(torch.nn.Linear(32, 8))
     small, large = torch.randn(Int8DynamicLinear.COMPILED_MIN_ROWS - 1, 32), torch.randn(200, 32)
     assert module.choose_path(large) == "compiled"
-    assert module.choose_path(small) == ("fbgemm" if kernels.fbgemm_exact() else "int_mm")
+    assert module.choose_path(small) == routes.int8_dynamic(torch.device("cpu"), small.shape[0], 32, 8)
     compiled_backend.set_backend("eager")
     assert module.choose_path(large) != "compiled"
     tensor_module = Int8DynamicLinear.from_float(torch.nn.Linear(32, 8), act_symmetric=False, act_granularity="tensor")

@@ -23,7 +23,6 @@ requantized to one output scale, so its sums cannot be read back exactly; im2col
 
 from __future__ import annotations
 
-import functools
 from typing import Any, ClassVar
 
 import torch
@@ -31,6 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lowbit.errors import ConfigError, FormatError
+from lowbit.ops import capabilities, routes
+from lowbit.ops._state import DerivedStateMixin
 from lowbit.ops.conv import _grouped_accumulate, _output_size
 from lowbit.ops.modules import register
 from lowbit.ops.quant import broadcast_qparams, quantize, symmetric_scale
@@ -62,7 +63,7 @@ def conv_problem(module: nn.Module) -> str | None:
 
 
 @register
-class Int8Conv2d(nn.Module):
+class Int8Conv2d(DerivedStateMixin, nn.Module):
     """y = conv2d(x, W) + b with W held as int8 codes; see the module docstring for storage and paths."""
 
     paths: ClassVar[tuple[str, ...]] = ("auto", "reference", "onednn", "int_mm")
@@ -146,15 +147,6 @@ class Int8Conv2d(nn.Module):
         self.input_zero_point.copy_(params.zero_point)
         return self
 
-    def _load_from_state_dict(self, *args, **kwargs):
-        self._kernel_state.clear()
-        super()._load_from_state_dict(*args, **kwargs)
-
-    def __getstate__(self):
-        state = dict(super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__)
-        state["_kernel_state"] = {}  # the prepacked weight is derived, never copied or pickled
-        return state
-
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.config().items())
 
@@ -168,7 +160,12 @@ class Int8Conv2d(nn.Module):
             raise FormatError(f"Int8Conv2d: input of shape {tuple(x.shape)}; expected [B, {self.in_channels}, H, W]")
         if self.path not in self.paths:
             raise ConfigError(f"Int8Conv2d.path={self.path!r}; legal: {', '.join(self.paths)}")
-        path = self.path if self.path != "auto" else ("onednn" if onednn_exact() else "int_mm")
+        if self.path == "auto":
+            path = routes.int8_conv(x.device)
+        else:
+            path = self.path
+            if path != "reference":
+                routes.check_forced("Int8Conv2d", path, x.device, probe="onednn_conv_exact" if path == "onednn" else None)
         out = self._run(x if x.dtype == torch.float32 else x.float(), path)  # channels-last strides
         out = out.contiguous(memory_format=self._memory_format(x))
         return out.to(x.dtype) if x.is_floating_point() and x.dtype != torch.float32 else out
@@ -191,7 +188,7 @@ class Int8Conv2d(nn.Module):
         if out_h < 1 or out_w < 1:
             raise FormatError(f"Int8Conv2d: the kernel {self.kernel_size} does not fit the padded input {tuple(x.shape[2:])}")
         geometry = (self.kernel_size, self.stride, self.padding, self.dilation)
-        w_zero = torch.zeros(self.out_channels, dtype=torch.int64)
+        w_zero = torch.zeros(self.out_channels, dtype=torch.int64, device=x.device)
         acc = _grouped_accumulate(codes, int(zero_point), self.weight_codes, w_zero, self.groups, geometry, path)
         real = acc.double() * (scale.double() * self.weight_scale.double())  # [B * H' * W', O]
         real = real if self.bias is None else real + self.bias.double()
@@ -213,12 +210,11 @@ class Int8Conv2d(nn.Module):
         return codes, scale, zero_point
 
     def _onednn(self, codes: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor) -> torch.Tensor:
-        if "onednn" not in self._kernel_state:
-            self._kernel_state["onednn"] = _onednn_pack(self.weight_codes, self.weight_scale, self.stride, self.padding,
-                                                        self.dilation, self.groups)  # fmt: skip
+        packed = self.derived("onednn", lambda: _onednn_pack(self.weight_codes, self.weight_scale, self.stride,
+                                                             self.padding, self.dilation, self.groups))  # fmt: skip
         if codes.dtype == torch.int8:  # oneDNN takes uint8 codes: shift codes and zero point alike
             codes, zero_point = (codes.to(torch.int16) + 128).to(torch.uint8), zero_point + 128
-        return _onednn_conv(codes, float(scale), int(zero_point), self._kernel_state["onednn"], self.weight_scale,
+        return _onednn_conv(codes, float(scale), int(zero_point), packed, self.weight_scale,
                             self.bias, self.stride, self.padding, self.dilation, self.groups)  # fmt: skip
 
 
@@ -247,17 +243,20 @@ def _onednn_conv(codes, scale: float, zero_point: int, packed, weight_scale, bia
                                               [], "")  # fmt: skip
 
 
-@functools.lru_cache(maxsize=1)
 def onednn_exact() -> bool:
-    """True when oneDNN's quantized convolution runs here and gives exact integer sums (checked once)."""
-    try:
-        generator = torch.Generator().manual_seed(0)
-        weight = torch.randint(-127, 128, (16, 4, 3, 3), generator=generator, dtype=torch.int16).to(torch.int8)
-        codes = torch.randint(0, 256, (2, 8, 6, 7), generator=generator, dtype=torch.int16).to(torch.uint8)
-        codes[0, :4] = 255  # large sums of one sign
-        packed = _onednn_pack(weight, torch.ones(16), (2, 1), (1, 2), (1, 2), 2)
-        got = _onednn_conv(codes, 1.0, 3, packed, torch.ones(16), None, (2, 1), (1, 2), (1, 2), 2)
-        expected = F.conv2d(codes.double() - 3, weight.double(), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
-        return bool(torch.equal(got.double(), expected))
-    except (RuntimeError, AttributeError, NotImplementedError):
+    """True when oneDNN's quantized convolution runs here and gives exact integer sums (cached probe)."""
+    return capabilities.probe("onednn_conv_exact", "cpu")
+
+
+@capabilities.register_probe("onednn_conv_exact")
+def _onednn_conv_exact(device: torch.device) -> bool:
+    if device.type != "cpu":
         return False
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randint(-127, 128, (16, 4, 3, 3), generator=generator, dtype=torch.int16).to(torch.int8)
+    codes = torch.randint(0, 256, (2, 8, 6, 7), generator=generator, dtype=torch.int16).to(torch.uint8)
+    codes[0, :4] = 255  # large sums of one sign
+    packed = _onednn_pack(weight, torch.ones(16), (2, 1), (1, 2), (1, 2), 2)
+    got = _onednn_conv(codes, 1.0, 3, packed, torch.ones(16), None, (2, 1), (1, 2), (1, 2), 2)
+    expected = F.conv2d(codes.double() - 3, weight.double(), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
+    return bool(torch.equal(got.double(), expected))

@@ -19,7 +19,7 @@ from torch import nn
 
 from lowbit.errors import ConfigError, FormatError
 from lowbit.ops import kernels
-from lowbit.ops.modules import WeightOnlyLinear, _check_linear, register
+from lowbit.ops.modules import WeightOnlyLinear, _check_linear, check_compute_dtype, register
 
 SCALE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 SHRINK_STEPS = tuple(1.0 - 0.05 * step for step in range(7))  # 1.0 .. 0.7
@@ -71,8 +71,9 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
     packed_path = "int4pack"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, group_size: int = 32,
-                 scale_dtype: str = "bf16") -> None:  # fmt: skip
+                 scale_dtype: str = "bf16", compute_dtype: str | None = None) -> None:  # fmt: skip
         super().__init__(in_features, out_features, bias)
+        self.compute_dtype = check_compute_dtype(type(self).__name__, compute_dtype)
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2 or group_size % 2:
             raise ConfigError(f"group_size={group_size!r} must be an even int >= 2 (32 or 128 for the int4pack kernel)")
         if in_features % group_size:
@@ -90,11 +91,11 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
 
     @classmethod
     def from_float(cls, module: nn.Linear, *, group_size: int = 32, scale_dtype: str = "bf16", search: bool = True,
-                   importance: torch.Tensor | None = None, codes=None, scale=None,
-                   zero_point=None) -> Int4WeightOnlyLinear:  # fmt: skip
+                   importance: torch.Tensor | None = None, codes=None, scale=None, zero_point=None,
+                   compute_dtype: str | None = None) -> Int4WeightOnlyLinear:  # fmt: skip
         """Quantize ``module``'s weight (or take given uint8 codes [N, K], scales and zero points [N, K / g])."""
         _check_linear(module)
-        new = cls(module.in_features, module.out_features, module.bias is not None, group_size, scale_dtype)
+        new = cls(module.in_features, module.out_features, module.bias is not None, group_size, scale_dtype, compute_dtype)
         if codes is None:
             codes, scale, zero_point = quantize_groups(module.weight, group_size, SCALE_DTYPES[scale_dtype], search, importance)
         new.weight_codes.copy_(kernels.pack_nibbles(codes.to(torch.uint8)))
@@ -102,7 +103,7 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
         new.weight_zero_point.copy_(zero_point)
         if module.bias is not None:
             new.bias.copy_(module.bias.detach())
-        return new
+        return new.to(module.weight.device)
 
     def codes(self) -> torch.Tensor:
         """Unpacked uint8 codes [N, K]."""
@@ -125,7 +126,6 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
         if not self.packed_fits():
             raise ConfigError(f"path 'int4pack' needs out_features % 16 == 0 and group_size in 32..256 and the "
                               f"kernel; this module has {self.out_features} outputs, group {self.group_size}")  # fmt: skip
-        if "int4pack" not in self._kernel_state:
-            self._kernel_state["int4pack"] = kernels.int4pack_weight(self.codes(), self.weight_scale, self.weight_zero_point)
-        packed, pairs = self._kernel_state["int4pack"]
+        build = lambda: kernels.int4pack_weight(self.codes(), self.weight_scale, self.weight_zero_point)  # noqa: E731
+        packed, pairs = self.derived("int4pack", build)
         return self._add_bias(kernels.int4pack_linear(rows, packed, self.group_size, pairs))

@@ -24,29 +24,44 @@ import warnings
 
 import torch
 
+from lowbit.ops import capabilities
 from lowbit.ops.integer import dense
 from lowbit.ops.quant import token_codes
 
 FBGEMM_LINEAR = "linear_with_input_q_dq_qweight_dq_output_fp32"
 
 
-@functools.lru_cache(maxsize=1)
-def fbgemm_exact() -> bool:
-    """True when fbgemm's int8 linear exists here and gives exact integer sums (codes passed as floats)."""
-    try:
-        if "fbgemm" not in torch.backends.quantized.supported_engines:
-            return False
-        codes = torch.full((24, 64), 127, dtype=torch.int8)
-        codes[1] = -128
-        packed = pack_int8_weight(codes, torch.ones(24))
-        rows = torch.full((3, 64), 127.0)
-        rows[1] = -128.0
-        rows[2] = torch.tensor([3.0, -7.0, 0.0, 100.0] * 16)
-        expected = rows.round().long() @ codes.long().t()
-        got = getattr(torch.ops.quantized, FBGEMM_LINEAR)(rows, 1.0, 128, packed)
-        return bool(torch.equal(got.long(), expected))
-    except (RuntimeError, AttributeError):
+def _fbgemm_sums_exact(low: int, high: int, zero_point: int) -> bool:
+    """Whether fbgemm's int8 linear returns exact sums for integer-valued float input in [low, high] with
+    scale 1 and ``zero_point`` (fbgemm multiplies the uint8 codes input + zero_point) and weight codes in
+    [-127, 127], lowbit's weight range, on the worst cases for a pair of adjacent products."""
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
         return False
+    weight = torch.full((24, 64), 127, dtype=torch.int8)
+    weight[1] = -127
+    rows = torch.full((3, 64), float(high))
+    rows[1, 1::2] = float(low)
+    rows[2] = torch.tensor([3.0, float(high) - 7, float(low), float(high)] * 16)
+    expected = rows.long() @ weight.long().t()
+    got = getattr(torch.ops.quantized, FBGEMM_LINEAR)(rows, 1.0, zero_point, pack_int8_weight(weight, torch.ones(24)))
+    return bool(torch.equal(got.long(), expected))
+
+
+@capabilities.register_probe("fbgemm_exact")
+def _fbgemm_exact(device: torch.device) -> bool:
+    """Full 8-bit activation codes (0..255): exact with VNNI; AVX2 code adds pairs in saturating int16."""
+    return device.type == "cpu" and _fbgemm_sums_exact(-128, 127, 128)
+
+
+@capabilities.register_probe("fbgemm_half_exact")
+def _fbgemm_half_exact(device: torch.device) -> bool:
+    """Activation codes 0..128: a pair of products stays within 2 * 128 * 127 < 2^15, exact on any x86 CPU."""
+    return device.type == "cpu" and _fbgemm_sums_exact(-64, 64, 64)
+
+
+def fbgemm_exact() -> bool:
+    """Whether fbgemm's int8 linear gives exact sums for 8-bit codes on this CPU (cached probe)."""
+    return capabilities.probe("fbgemm_exact", "cpu")
 
 
 def pack_int8_weight(codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
@@ -75,10 +90,10 @@ def fbgemm_dynamic_linear(x: torch.Tensor, packed) -> torch.Tensor:
     return _overload("linear_dynamic")(x, packed, False)
 
 
-def token_quantize(x: torch.Tensor, symmetric: bool):
+def token_quantize(x: torch.Tensor, symmetric: bool, q_max: int = 127):
     """(codes int8 [M, K], row scales [M, 1], row offsets [M, 1] or None): ``quant.token_codes`` as a tuple,
     the part of the per-token linear that ``Int8DynamicLinear``'s "compiled" path fuses into one pass."""
-    token = token_codes(x, symmetric)
+    token = token_codes(x, symmetric, q_max)
     return token.codes, token.scale, token.offset
 
 
@@ -96,16 +111,92 @@ _workspace = threading.local()
 
 
 def int_mm_workspace(codes: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
-    """``torch._int_mm(codes, weight_t)`` written into this thread's reusable int32 buffer (grown when too
-    small): no fresh multi-megabyte allocation, whose first-touch page faults cost as much as the rescaling
-    pass (measured in MiniLM: 0.84x -> 0.73x fp32). The result is valid until the next call in the same
-    thread, so it must be consumed at once."""
+    """``torch._int_mm(codes, weight_t)`` written into this thread's reusable int32 buffer for the device
+    (grown when too small): no fresh multi-megabyte allocation, whose first-touch page faults cost as much
+    as the rescaling pass (measured in MiniLM: 0.84x -> 0.73x fp32). The buffer is an ordinary tensor even
+    when first made under ``torch.inference_mode()``, so later calls outside it may write into it. The
+    result is valid until the next call in the same thread, so it must be consumed at once."""
     rows, columns = codes.shape[0], weight_t.shape[1]
-    buffer = getattr(_workspace, "buffer", None)
+    buffers = getattr(_workspace, "buffers", None)
+    if buffers is None:
+        buffers = _workspace.buffers = {}
+    buffer = buffers.get(codes.device)
     if buffer is None or buffer.numel() < rows * columns:
-        buffer = _workspace.buffer = torch.empty(rows * columns, dtype=torch.int32)
+        with torch.inference_mode(False):
+            buffer = buffers[codes.device] = torch.empty(rows * columns, dtype=torch.int32, device=codes.device)
     out = buffer[: rows * columns].view(rows, columns)
     return torch._int_mm(dense(codes), dense(weight_t), out=out)
+
+
+FLOAT_EXACT = 1 << 24  # every integer up to 2^24 is a float32
+
+
+def float_chunk(max_product: int) -> int:
+    """The largest K whose float32 sums of products of magnitude <= ``max_product`` are all integers below
+    2^24, so that a float32 matmul of integer codes is exact in any summation order."""
+    return max(1, (FLOAT_EXACT - 1) // max_product)
+
+
+def float_codes_mm(codes: torch.Tensor, weight_t: torch.Tensor, max_product: int) -> torch.Tensor:
+    """Exact int32 sums of integer-valued float32 ``codes`` [M, K] @ ``weight_t`` [K, N], on any device:
+    a float32 matmul per chunk of K (each exact, see :func:`float_chunk`), chunks added in int32."""
+    step = float_chunk(max_product)
+    k = codes.shape[1]
+    acc = None
+    for start in range(0, k, step):
+        part = (codes[:, start:start + step] @ weight_t[start:start + step]).to(torch.int32)
+        acc = part if acc is None else acc.add_(part)
+    return acc
+
+
+PAIRS_MAX_K = FLOAT_EXACT // (64 * 127)  # the float32 outputs of each half stay exact integers up to this K
+
+
+def fbgemm_pairs(codes: torch.Tensor, packed) -> torch.Tensor:
+    """Exact int32 sums of signed codes [M, K] in [-127, 127] (float32) times fbgemm weight codes packed with
+    unit scales, on CPUs whose fbgemm saturates 8-bit codes (no VNNI): c = ceil(c / 2) + floor(c / 2), each
+    half summed by one fbgemm call with zero point 64, so its uint8 codes stay in 0..128 and no pair of
+    products reaches 2^15 (probe ``fbgemm_half_exact``); each float32 result is an exact integer for
+    K <= PAIRS_MAX_K."""
+    low = torch.floor(codes * 0.5)
+    out = fbgemm_linear(codes - low, 1.0, 64, packed).to(torch.int32)
+    return out.add_(fbgemm_linear(low, 1.0, 64, packed).to(torch.int32))
+
+
+# ---- oneDNN (AMX) ------------------------------------------------------------------------------------------
+def onednn_pack(codes: torch.Tensor):
+    """oneDNN's packed int8 weight for :func:`onednn_sums` (codes [N, K])."""
+    return torch.ops.onednn.qlinear_prepack(codes, None)
+
+
+def onednn_sums(codes: torch.Tensor, packed, out_features: int) -> torch.Tensor:
+    """float32 sums of signed codes [M, K] (int8, in [-127, 127]) times the packed weight, through oneDNN's
+    quantized linear (AMX tiles where the CPU has them): uint8 codes c + 128 with zero point 128 and unit
+    scales, so the output is the exact int32 sum converted to float32 (the conversion ``acc.float()`` does)."""
+    unsigned = (codes.to(torch.int16) + 128).to(torch.uint8)
+    ones = _unit_scales(out_features, codes.device)
+    zeros = torch.zeros(out_features, dtype=torch.long, device=codes.device)
+    return torch.ops.onednn.qlinear_pointwise(unsigned, 1.0, 128, packed, ones, zeros, None, 1.0, 0, torch.float32,
+                                              "none", [None], "")  # fmt: skip
+
+
+@functools.lru_cache(maxsize=64)
+def _unit_scales(n: int, device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):
+        return torch.ones(n, device=device)
+
+
+@capabilities.register_probe("onednn_linear_exact")
+def _onednn_linear_exact(device: torch.device) -> bool:
+    if device.type != "cpu":
+        return False
+    weight = torch.full((24, 64), 127, dtype=torch.int8)
+    weight[1] = -127
+    codes = torch.full((3, 64), 127, dtype=torch.int8)
+    codes[1, 1::2] = -127
+    codes[2] = torch.tensor([3, -7, 0, 100] * 16, dtype=torch.int8)
+    got = onednn_sums(codes, onednn_pack(weight), 24)
+    return bool(torch.equal(got.double(), (codes.long() @ weight.long().t()).double()))
 
 
 # ---- int4 ------------------------------------------------------------------------------------------------------
@@ -119,16 +210,19 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((packed & 15, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
 
 
-@functools.lru_cache(maxsize=1)
-def int4pack_available() -> bool:
-    try:
-        codes = torch.randint(0, 16, (32, 64), dtype=torch.int32)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2)
-        pairs = torch.stack((torch.ones(2, 32), torch.zeros(2, 32)), dim=-1).bfloat16()
-        got = torch.ops.aten._weight_int4pack_mm_for_cpu(torch.eye(64, dtype=torch.bfloat16), packed, 32, pairs)
-        return bool(torch.equal(got.float().t(), codes.float() - 8))
-    except (RuntimeError, AttributeError):
+@capabilities.register_probe("int4pack")
+def _int4pack_exact(device: torch.device) -> bool:
+    if device.type != "cpu":
         return False
+    codes = torch.randint(0, 16, (32, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2)
+    pairs = torch.stack((torch.ones(2, 32), torch.zeros(2, 32)), dim=-1).bfloat16()
+    got = torch.ops.aten._weight_int4pack_mm_for_cpu(torch.eye(64, dtype=torch.bfloat16), packed, 32, pairs)
+    return bool(torch.equal(got.float().t(), codes.float() - 8))
+
+
+def int4pack_available() -> bool:
+    return capabilities.probe("int4pack", "cpu")
 
 
 def int4pack_weight(codes: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor):
@@ -146,32 +240,23 @@ def int4pack_linear(x: torch.Tensor, packed: torch.Tensor, group_size: int, pair
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), packed, group_size, pairs).float()
 
 
-@functools.lru_cache(maxsize=1)
-def fast_bfloat16() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX-BF16 in /proc/cpuinfo's flags).
-
-    Without it a bfloat16 matmul is 2-4x slower than float32 from 16 rows up (measured on Cascade Lake);
-    with it, 0.3-0.4x (../shared/reference/baselines-cpu.md, Zen 4), so the weight-only modules rebuild
-    their weights in bfloat16 for large batches there (path "dequantize_bf16")."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return False
+def fast_bfloat16(device: torch.device | str = "cpu") -> bool:
+    """Whether bfloat16 matmuls run in hardware on ``device`` (AVX512-BF16 / AMX-BF16 on CPU): there a
+    bfloat16 Linear is 0.2-0.4x float32, without them 2-4x slower from 16 rows up (Cascade Lake)."""
+    return capabilities.probe("bfloat16_fast", device)
 
 
-@functools.lru_cache(maxsize=1)
-def int8pack_available() -> bool:
-    try:
-        codes = torch.randint(-128, 128, (16, 32), dtype=torch.int8)
-        got = torch.ops.aten._weight_int8pack_mm(torch.eye(32, dtype=torch.bfloat16), codes, torch.ones(16, dtype=torch.bfloat16))
-        return bool(torch.equal(got.float().t(), codes.float()))
-    except (RuntimeError, AttributeError):
+@capabilities.register_probe("int8pack")
+def _int8pack_exact(device: torch.device) -> bool:
+    if device.type != "cpu":
         return False
+    codes = torch.randint(-128, 128, (16, 32), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    got = torch.ops.aten._weight_int8pack_mm(torch.eye(32, dtype=torch.bfloat16), codes, torch.ones(16, dtype=torch.bfloat16))
+    return bool(torch.equal(got.float().t(), codes.float()))
+
+
+def int8pack_available() -> bool:
+    return capabilities.probe("int8pack", "cpu")
 
 
 def int8pack_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -4,9 +4,10 @@ Each module keeps its codes, scales and zero points as buffers (so ``state_dict`
 describes itself with ``config()`` (JSON-able) and is rebuilt empty by ``from_config(config)`` before
 ``load_state_dict`` fills it: that is the whole contract with ``lowbit.save`` / ``lowbit.load``. Every
 module has a plain reference path (``forward_reference``: integer codes, exact int64 sums, float64
-rescaling) and ``path="auto"`` picks the fastest kernel measured on CPU (see docs/real-execution.md); any
-path can be forced with ``module.path = "..."``. Kernel state (fbgemm packed weights, int4 tiles) is derived
-from the buffers on first use and dropped whenever a state dict is loaded.
+rescaling) and ``path="auto"`` picks the fastest exact kernel for the input's device from the machine's
+probes (``lowbit.ops.routes``, docs/real-execution.md); any path can be forced with ``module.path = "..."``
+(an inexact one raises, a slow one warns). Kernel state (fbgemm packed weights, int4 tiles) is derived from
+the buffers on first use, per device, and dropped whenever the buffers move or a state dict is loaded.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from torch import nn
 
 from lowbit import backend
 from lowbit.errors import ConfigError, FormatError
-from lowbit.ops import kernels
+from lowbit.ops import kernels, routes
+from lowbit.ops._state import DerivedStateMixin
 from lowbit.ops.integer import accumulate_int_mm, accumulate_reference, dense
 from lowbit.ops.quant import broadcast_qparams, quantize, symmetric_scale, token_codes, token_scales
 
@@ -31,7 +33,7 @@ def register(cls):
     return cls
 
 
-class RealQuantLinear(nn.Module):
+class RealQuantLinear(DerivedStateMixin, nn.Module):
     """Base: y = x W^T + b with W held as integer codes. Subclasses define buffers, kernels and paths."""
 
     paths: ClassVar[tuple[str, ...]] = ("auto", "reference")
@@ -58,16 +60,6 @@ class RealQuantLinear(nn.Module):
         except TypeError as error:
             raise ConfigError(f"bad {cls.__name__} config {config!r}: {error}") from None
 
-    def _load_from_state_dict(self, *args, **kwargs):
-        self._kernel_state.clear()
-        super()._load_from_state_dict(*args, **kwargs)
-
-    def __getstate__(self):
-        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
-        state = dict(state)
-        state["_kernel_state"] = {}  # packed kernel objects are derived, never copied or pickled
-        return state
-
     # ---- forward ---------------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
@@ -75,8 +67,13 @@ class RealQuantLinear(nn.Module):
         if self.path not in self.paths:
             raise ConfigError(f"{type(self).__name__}.path={self.path!r}; legal: {', '.join(self.paths)}")
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        rows = rows if rows.dtype == torch.float32 else rows.float()
-        path = self.choose_path(rows) if self.path == "auto" else self.path
+        if self.path == "auto":
+            path = self.choose_path(rows)
+        else:
+            path = self.path
+            if path != "reference":
+                routes.check_forced(type(self).__name__, path, rows.device, getattr(self, "act_bits", 8))
+        rows = rows if rows.dtype == torch.float32 else rows.float()  # exact; bfloat16 paths round back exactly
         out = self.forward_reference(rows) if path == "reference" else self.run_path(path, rows)
         if x.dtype != torch.float32 and x.is_floating_point():
             out = out.to(x.dtype)
@@ -128,16 +125,30 @@ def dequantized_linear(rows: torch.Tensor, weight_rows, out_features: int, in_fe
     return out if bias is None else out.add_(bias)
 
 
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+
+
+def check_compute_dtype(owner: str, compute_dtype) -> str | None:
+    """None (follow the input: bfloat16 input computes in bfloat16, anything else in float32), "f32" or "bf16"
+    (also given as torch dtypes)."""
+    names = {torch.bfloat16: "bf16", torch.float32: "f32"}
+    compute_dtype = names.get(compute_dtype, compute_dtype)
+    if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
+        raise ConfigError(f"{owner}: compute_dtype={compute_dtype!r}; legal: None (the input's), 'f32', 'bf16'")
+    return compute_dtype
+
+
 class WeightOnlyLinear(RealQuantLinear):
-    """Paths shared by the weight-only modules: ``packed_path`` (a bfloat16 kernel on packed codes, taken for
-    at most ``SMALL_BATCH`` rows when ``packed_fits()``), "dequantize" (float32 weight rebuilt per call, in
-    row blocks for large weights, then float32 matmul; the reference rebuilds it whole) and
-    "dequantize_bf16" (the same in bfloat16; auto takes it for large batches on CPUs with bfloat16
-    hardware, ``kernels.fast_bfloat16``). Subclasses give ``dequantized_weight``, ``packed_fits`` and
-    ``run_packed``."""
+    """Paths shared by the weight-only modules: ``packed_path`` (a bfloat16 kernel on packed codes),
+    "dequantize" (float32 weight rebuilt per call, in row blocks for large weights, then float32 matmul; the
+    reference rebuilds it whole) and "dequantize_bf16" (the same in bfloat16). The compute dtype is the
+    input's unless ``compute_dtype`` says otherwise: a float32 model is never computed in bfloat16 behind the
+    user's back; with bfloat16 compute ``auto`` takes the packed kernel for at most ``SMALL_BATCH`` rows when
+    ``packed_fits()``. Subclasses give ``dequantized_weight``, ``packed_fits`` and ``run_packed``."""
 
     packed_path: ClassVar[str]
     SMALL_BATCH = 32
+    compute_dtype: str | None = None
 
     def packed_fits(self) -> bool:
         raise NotImplementedError
@@ -145,10 +156,13 @@ class WeightOnlyLinear(RealQuantLinear):
     def run_packed(self, rows: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def config(self) -> dict[str, Any]:
+        config = super().config()
+        return config if self.compute_dtype is None else {**config, "compute_dtype": self.compute_dtype}
+
     def choose_path(self, rows: torch.Tensor) -> str:
-        if rows.shape[0] <= self.SMALL_BATCH and self.packed_fits():
-            return self.packed_path
-        return "dequantize_bf16" if kernels.fast_bfloat16() else "dequantize"
+        dtype = COMPUTE_DTYPES[self.compute_dtype] if self.compute_dtype else rows.dtype
+        return routes.weight_only(rows.device, rows.shape[0], dtype, self.packed_path, self.packed_fits(), self.SMALL_BATCH)
 
     def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
         return F.linear(rows, self.dequantized_weight(), self.bias)
@@ -194,26 +208,39 @@ class _Int8WeightLinear(RealQuantLinear):
         new.weight_scale.copy_(scale.reshape(-1))
         if module.bias is not None:
             new.bias.copy_(module.bias.detach())
-        return new
+        return new.to(module.weight.device)
 
     def dequantized_weight(self, start: int = 0, end: int | None = None) -> torch.Tensor:
         """float32 weight rows [start, end): codes * scale."""
         return self.weight_codes[start:end].float().mul_(self.weight_scale[start:end].reshape(-1, 1))
 
     def _packed(self):
-        if "fbgemm" not in self._kernel_state:
-            self._kernel_state["fbgemm"] = kernels.pack_int8_weight(self.weight_codes, self.weight_scale)
-        return self._kernel_state["fbgemm"]
+        return self.derived("fbgemm", lambda: kernels.pack_int8_weight(self.weight_codes, self.weight_scale))
 
     def _packed_with_bias(self):
-        if "fbgemm_bias" not in self._kernel_state:
-            self._kernel_state["fbgemm_bias"] = kernels.pack_int8_weight(self.weight_codes, self.weight_scale, self.bias)
-        return self._kernel_state["fbgemm_bias"]
+        return self.derived("fbgemm_bias", lambda: kernels.pack_int8_weight(self.weight_codes, self.weight_scale, self.bias))
+
+    def _packed_unit(self):
+        """fbgemm weight with unit scales: its float32 outputs are the integer sums themselves."""
+        return self.derived("fbgemm_unit", lambda: kernels.pack_int8_weight(self.weight_codes, torch.ones_like(self.weight_scale)))
 
     def _weight_t(self) -> torch.Tensor:
-        if "weight_t" not in self._kernel_state:
-            self._kernel_state["weight_t"] = dense(self.weight_codes.t())
-        return self._kernel_state["weight_t"]
+        return self.derived("weight_t", lambda: dense(self.weight_codes.t()))
+
+    def _float_weight_t(self) -> torch.Tensor:
+        """Weight codes as float32 [K, N] for the exact float route (float64 off the CPU: no TF32 surprise)."""
+        dtype = torch.float32 if self.weight_codes.device.type == "cpu" else torch.float64
+        return self.derived("float_weight_t", lambda: self.weight_codes.t().to(dtype).contiguous())
+
+    def _float_sums(self, codes: torch.Tensor, zero_point: int = 0, max_code: int = 127) -> torch.Tensor:
+        """Exact int32 sums of integer codes [M, K] (minus ``zero_point``) times the weight codes, through float
+        matmuls (:func:`kernels.float_codes_mm`): the route for machines without fast integer kernels."""
+        weight_t = self._float_weight_t()
+        centred = codes.to(weight_t.dtype)
+        centred = centred if zero_point == 0 else centred.sub_(zero_point)
+        if weight_t.dtype == torch.float64:
+            return (centred @ weight_t).to(torch.int32)
+        return kernels.float_codes_mm(centred, weight_t, max_code * 127)
 
 
 @register
@@ -221,19 +248,22 @@ class Int8DynamicLinear(_Int8WeightLinear):
     """int8 weights (symmetric, per channel) x int8 activations quantized at run time.
 
     ``act_granularity="token"`` (default): one scale per row of the input (per token), codes in
-    [-127, 127]; ``act_symmetric=True`` centres them on 0, False on the row's mid-range (a float-domain
-    zero point: about one bit finer for one-sided rows such as GELU outputs, one more pass over x).
+    [-127, 127] (``act_bits=8``) or [-63, 63] (``act_bits=7``: one bit coarser, but one fbgemm call is exact
+    on CPUs without VNNI, where 8-bit codes need two); ``act_symmetric=True`` centres them on 0, False on the
+    row's mid-range (a float-domain zero point: about one bit finer for one-sided rows such as GELU outputs).
     ``"tensor"``: one asymmetric uint8 scale / zero point for the whole input (torch.ao's rule, 8 bits
-    rather than its 7), fbgemm's own dynamic kernel: fastest, least precise. Paths: "fbgemm", "int_mm",
-    "reference"; integer sums are exact on every path, so they differ only in float rounding.
+    rather than its 7). Paths (``lowbit.ops.routes`` picks): "fbgemm", "fbgemm_pairs", "int_mm", "compiled",
+    "onednn", "float_codes", "reference"; integer sums are exact on every path, so they differ only in the
+    float rounding of the rescaling ("int_mm", "compiled", "onednn", "fbgemm_pairs" and "float_codes" are
+    bit-identical to each other).
     """
 
-    paths = ("auto", "reference", "fbgemm", "int_mm", "compiled")
+    paths = ("auto", "reference", "fbgemm", "int_mm", "compiled", "fbgemm_pairs", "float_codes", "onednn")
     GRANULARITIES = ("token", "tensor")
-    COMPILED_MIN_ROWS = 64  # measured crossover: below it fbgemm's prepacked kernel wins (docs/real-execution.md)
+    COMPILED_MIN_ROWS = routes.COMPILED_MIN_ROWS
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, act_symmetric: bool = True,
-                 act_granularity: str = "token") -> None:  # fmt: skip
+                 act_granularity: str = "token", act_bits: int = 8) -> None:  # fmt: skip
         super().__init__(in_features, out_features, bias)
         if not isinstance(act_symmetric, bool):
             raise ConfigError(f"act_symmetric={act_symmetric!r} must be a bool")
@@ -241,25 +271,32 @@ class Int8DynamicLinear(_Int8WeightLinear):
             raise ConfigError(f"act_granularity={act_granularity!r}; legal: {', '.join(self.GRANULARITIES)}")
         if act_granularity == "tensor" and act_symmetric:
             raise ConfigError("act_granularity='tensor' is asymmetric (uint8 with a zero point): pass act_symmetric=False")
-        self.act_symmetric, self.act_granularity = act_symmetric, act_granularity
+        if act_bits not in (7, 8) or isinstance(act_bits, bool) or (act_bits == 7 and act_granularity == "tensor"):
+            raise ConfigError(f"act_bits={act_bits!r}; legal: 8, or 7 with act_granularity='token'")
+        self.act_symmetric, self.act_granularity, self.act_bits = act_symmetric, act_granularity, act_bits
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "act_symmetric": self.act_symmetric, "act_granularity": self.act_granularity}
+        config = {**super().config(), "act_symmetric": self.act_symmetric, "act_granularity": self.act_granularity}
+        return config if self.act_bits == 8 else {**config, "act_bits": self.act_bits}
+
+    @property
+    def q_max(self) -> int:
+        return 2 ** (self.act_bits - 1) - 1
 
     def choose_path(self, rows: torch.Tensor) -> str:
-        if self.act_granularity == "token" and rows.shape[0] >= self.COMPILED_MIN_ROWS:
-            if backend.compiling_allowed(rows.numel(), auto_min_elements=0):
-                return "compiled"
-        return "fbgemm" if kernels.fbgemm_exact() else "int_mm"
+        token = self.act_granularity == "token"
+        compile_allowed = token and backend.compiling_allowed(rows.numel(), auto_min_elements=0)
+        return routes.int8_dynamic(rows.device, rows.shape[0], self.in_features, self.out_features, token=token,
+                                   act_bits=self.act_bits, compile_allowed=compile_allowed)  # fmt: skip
 
     # ---- reference: codes, exact int64 sums, float64 rescaling ----------------------------------------------
     def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
-        zero = torch.zeros((), dtype=torch.int32)
+        zero = torch.zeros((), dtype=torch.int32, device=rows.device)
         if self.act_granularity == "tensor":
             codes, scale, zero_point = self._tensor_codes(rows)
             acc = accumulate_reference(codes, zero_point, self.weight_codes, zero)
             return self._rescale(acc, scale, None)
-        token = token_codes(rows, self.act_symmetric)
+        token = token_codes(rows, self.act_symmetric, self.q_max)
         return self._rescale(accumulate_reference(token.codes, zero, self.weight_codes, zero), token.scale, token.offset)
 
     def _rescale(self, acc: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
@@ -278,42 +315,52 @@ class Int8DynamicLinear(_Int8WeightLinear):
 
     def _weight_sums(self) -> torch.Tensor:
         """[N] float32: w_scale * sum_k weight codes (the real row sums of the weight)."""
-        if "sums" not in self._kernel_state:
-            self._kernel_state["sums"] = self.weight_codes.sum(1, dtype=torch.int64).float() * self.weight_scale
-        return self._kernel_state["sums"]
+        return self.derived("sums", lambda: self.weight_codes.sum(1, dtype=torch.int64).float() * self.weight_scale)
 
     # ---- fast paths --------------------------------------------------------------------------------------------
     def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
         if self.act_granularity == "tensor":
             return self._tensor_path(path, rows)
-        if path in ("int_mm", "compiled"):
-            return self._int_mm_path(rows, fused=path == "compiled")
-        scale, inverse, offset = token_scales(rows, self.act_symmetric)
+        if path in ("int_mm", "compiled", "onednn", "fbgemm_pairs", "float_codes"):
+            return self._sums_path(rows, path)
+        scale, inverse, offset = token_scales(rows, self.act_symmetric, self.q_max)
+        zero_point = 128 if self.act_bits == 8 else 64  # 7-bit codes + 64 stay in 1..127: no int16 saturation
         if offset is None and rows.shape[0] == 1:
             # One row: its scale is the tensor's, so fbgemm can apply it (and the bias) itself. It quantizes
-            # with round(fma(x, 1 / s, 128)); fed the row's codes times s it recovers exactly those codes.
+            # with round(fma(x, 1 / s, zero point)); fed the row's codes times s it recovers exactly those codes.
             snapped = torch.round(rows * inverse).mul_(scale)
-            return kernels.fbgemm_linear(snapped, scale.item(), 128, self._packed_with_bias())
+            return kernels.fbgemm_linear(snapped, scale.item(), zero_point, self._packed_with_bias())
         centred = rows * inverse if offset is None else (rows - offset).mul_(inverse)
-        # Integer-valued input: fbgemm's round(x + 128) gives the reference's codes exactly.
-        out = kernels.fbgemm_linear(centred.round_(), 1.0, 128, self._packed())
+        # Integer-valued input: fbgemm's round(x + zero point) gives the reference's codes exactly.
+        out = kernels.fbgemm_linear(centred.round_(), 1.0, zero_point, self._packed())
         return self._finish(out.mul_(scale), offset)
 
-    def _int_mm_path(self, rows: torch.Tensor, fused: bool) -> torch.Tensor:
-        """Row codes, ``torch._int_mm`` into a reused buffer, rescaling; ``fused``: the first and last steps
-        as compiled kernels (one per (K, symmetric) and (N, symmetric, bias)), bit-identical to eager."""
-        symmetric, sums = self.act_symmetric, None if self.act_symmetric else self._weight_sums()
+    def _sums_path(self, rows: torch.Tensor, path: str) -> torch.Tensor:
+        """Row codes, exact int32 sums by ``path``, rescaling. "compiled" runs the first and last steps as
+        compiled kernels (one per (K, symmetric) and (N, symmetric, bias)), bit-identical to eager."""
+        symmetric, sums, fused = self.act_symmetric, None if self.act_symmetric else self._weight_sums(), path == "compiled"
         if fused:
-            quantize_key = ("token_quantize", symmetric, self.in_features)
-            codes, scale, offset = backend.run_fused(quantize_key, kernels.token_quantize, rows, symmetric)
+            quantize_key = ("token_quantize", symmetric, self.q_max, self.in_features)
+            codes, scale, offset = backend.run_fused(quantize_key, kernels.token_quantize, rows, symmetric, self.q_max)
         else:
-            codes, scale, offset = kernels.token_quantize(rows, symmetric)
-        acc = kernels.int_mm_workspace(codes, self._weight_t())
+            codes, scale, offset = kernels.token_quantize(rows, symmetric, self.q_max)
+        acc = self._token_sums(codes, path)
         arguments = (acc, scale, self.weight_scale, offset, sums, self.bias)
         if not fused:
             return kernels.token_rescale(*arguments)
         rescale_key = ("token_rescale", symmetric, self.bias is None, self.out_features)
         return backend.run_fused(rescale_key, kernels.token_rescale, *arguments)
+
+    def _token_sums(self, codes: torch.Tensor, path: str) -> torch.Tensor:
+        """int32 sums [M, N] of int8 codes [M, K] and the weight codes (float32 from oneDNN: the same numbers)."""
+        if path in ("int_mm", "compiled"):
+            return kernels.int_mm_workspace(codes, self._weight_t())
+        if path == "onednn":
+            packed = self.derived("onednn", lambda: kernels.onednn_pack(self.weight_codes))
+            return kernels.onednn_sums(codes, packed, self.out_features)
+        if path == "fbgemm_pairs" and self.in_features <= kernels.PAIRS_MAX_K:
+            return kernels.fbgemm_pairs(codes.float(), self._packed_unit())
+        return self._float_sums(codes)
 
     def _finish(self, out: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
         if offset is not None:
@@ -324,18 +371,23 @@ class Int8DynamicLinear(_Int8WeightLinear):
         if path == "fbgemm":
             return kernels.fbgemm_dynamic_linear(rows, self._packed_with_bias())
         codes, scale, zero_point = self._tensor_codes(rows)
-        acc = accumulate_int_mm(codes, zero_point, self.weight_codes, torch.zeros((), dtype=torch.int32))
+        if path in ("int_mm", "compiled"):
+            zero = torch.zeros((), dtype=torch.int32, device=rows.device)
+            acc = accumulate_int_mm(codes, zero_point, self.weight_codes, zero)
+        else:  # float_codes (and the CPU-only paths a per-tensor module does not have)
+            acc = self._float_sums(codes, int(zero_point), 255)
         return self._add_bias(acc.float().mul_(scale * self.weight_scale))
 
 
 @register
 class W8A8StaticLinear(_Int8WeightLinear):
     """int8 weights (symmetric, per channel) x activations quantized with a calibrated per-tensor scale and
-    zero point (uint8 codes, or int8 with ``act_signed=True``). Paths: "int_mm" (exact codes and sums) and
-    "fbgemm" (bias fused, one call; the kernel quantizes x as round(fma(x, 1 / s, zero_point)), so about one
-    code in 10^5 differs by one step from the reference's round(x * (1 / s)) + zero_point)."""
+    zero point (uint8 codes, or int8 with ``act_signed=True``). Paths: "int_mm" and "float_codes" (exact codes
+    and sums; the second for machines without fast integer kernels) and "fbgemm" (bias fused, one call, where
+    its 8-bit sums are exact; the kernel quantizes x as round(fma(x, 1 / s, zero_point)), so about one code in
+    10^5 differs by one step from the reference's round(x * (1 / s)) + zero_point)."""
 
-    paths = ("auto", "reference", "fbgemm", "int_mm")
+    paths = ("auto", "reference", "fbgemm", "int_mm", "float_codes")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, act_signed: bool = False) -> None:
         super().__init__(in_features, out_features, bias)
@@ -348,7 +400,7 @@ class W8A8StaticLinear(_Int8WeightLinear):
 
     def set_input_qparams(self, scale: float, zero_point: int) -> W8A8StaticLinear:
         qrange = (-128, 127) if self.act_signed else (0, 255)
-        params = broadcast_qparams(torch.zeros(()), scale, zero_point, qrange=qrange)
+        params = broadcast_qparams(torch.zeros((), device=self.input_scale.device), scale, zero_point, qrange=qrange)
         self.input_scale.copy_(params.scale)
         self.input_zero_point.copy_(params.zero_point)
         self._kernel_state.clear()
@@ -361,17 +413,22 @@ class W8A8StaticLinear(_Int8WeightLinear):
 
     def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
         codes = self._codes(rows)
-        acc = accumulate_reference(codes, self.input_zero_point, self.weight_codes, torch.zeros((), dtype=torch.int32))
+        zero = torch.zeros((), dtype=torch.int32, device=rows.device)
+        acc = accumulate_reference(codes, self.input_zero_point, self.weight_codes, zero)
         real = acc.double() * (self.input_scale.double() * self.weight_scale.double())
         return real.float() if self.bias is None else (real + self.bias.double()).float()
 
     def choose_path(self, rows: torch.Tensor) -> str:
-        return "fbgemm" if kernels.fbgemm_exact() else "int_mm"
+        return routes.w8a8_static(rows.device, rows.shape[0], self.in_features, self.out_features)
 
     def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
-        if path == "int_mm":
-            acc = accumulate_int_mm(self._codes(rows), self.input_zero_point, self.weight_codes,
-                                    torch.zeros((), dtype=torch.int32))  # fmt: skip
+        if path in ("int_mm", "float_codes"):
+            codes = self._codes(rows)
+            if path == "int_mm":
+                zero = torch.zeros((), dtype=torch.int32, device=rows.device)
+                acc = accumulate_int_mm(codes, self.input_zero_point, self.weight_codes, zero)
+            else:
+                acc = self._float_sums(codes, int(self.input_zero_point), 255)
             return self._add_bias(acc.float().mul_(self.input_scale * self.weight_scale))
         zero_point = int(self.input_zero_point) + (128 if self.act_signed else 0)  # fbgemm takes uint8 codes
         return kernels.fbgemm_linear(rows, float(self.input_scale), zero_point, self._packed_with_bias())
@@ -384,6 +441,10 @@ class Int8WeightOnlyLinear(_Int8WeightLinear, WeightOnlyLinear):
 
     paths = ("auto", "reference", "int8pack", "dequantize", "dequantize_bf16")
     packed_path = "int8pack"
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, compute_dtype: str | None = None) -> None:
+        super().__init__(in_features, out_features, bias)
+        self.compute_dtype = check_compute_dtype(type(self).__name__, compute_dtype)
 
     def packed_fits(self) -> bool:
         return kernels.int8pack_available()

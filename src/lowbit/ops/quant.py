@@ -182,30 +182,31 @@ class TokenCodes(NamedTuple):
     offset: torch.Tensor | None  # [M, 1] float32 (centred codes), or None (symmetric: offset 0)
 
 
-def token_scales(x: torch.Tensor, symmetric: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def token_scales(x: torch.Tensor, symmetric: bool = True, q_max: int = 127) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(scale, 1 / scale, offset) per row of x [M, K] for :func:`token_codes`; the fast kernels use them too.
 
-    Symmetric: scale = max|row| / 127, offset None. Centred (``symmetric=False``): the row's range
-    [min, max] is mapped onto [-127, 127] around offset = (max + min) / 2 with scale = (max - min) / 254:
+    Symmetric: scale = max|row| / q_max, offset None. Centred (``symmetric=False``): the row's range
+    [min, max] is mapped onto [-q_max, q_max] around offset = (max + min) / 2 with scale = (max - min) / (2 q_max)
+    (q_max 127: 8-bit codes; 63: 7-bit codes, which fbgemm sums exactly without VNNI):
     an affine code with its zero point in the float domain, one bit finer than symmetric codes for
     one-sided rows (GELU / ReLU outputs) and no integer zero-point terms in the integer sums.
     """
     high = x.amax(-1, keepdim=True)
     low = x.amin(-1, keepdim=True)
     if symmetric:  # in-place steps on the small [M, 1] tensors: fewer allocations per call
-        offset, scale = None, torch.maximum(high, low.neg_()).mul_(1.0 / 127)
+        offset, scale = None, torch.maximum(high, low.neg_()).mul_(1.0 / q_max)
     else:
-        offset, scale = (high + low).mul_(0.5), (high - low).mul_(0.5 / 127)
+        offset, scale = (high + low).mul_(0.5), (high - low).mul_(0.5 / q_max)
     scale = scale.clamp_min_(TINY)
     return scale, torch.reciprocal(scale), offset
 
 
-def token_codes(x: torch.Tensor, symmetric: bool = True) -> TokenCodes:
-    """Dynamic per-token (per row of the last dimension) int8 codes of x [M, K] (NaN -> code 0)."""
+def token_codes(x: torch.Tensor, symmetric: bool = True, q_max: int = 127) -> TokenCodes:
+    """Dynamic per-token (per row of the last dimension) int8 codes of x [M, K] in [-q_max, q_max] (NaN -> 0)."""
     x = x.float()
-    scale, inverse, offset = token_scales(x, symmetric)
+    scale, inverse, offset = token_scales(x, symmetric, q_max)
     centred = x if offset is None else x - offset
     scaled = centred * inverse
     # NaN -> 0 written as a comparison: Inductor vectorises it, nan_to_num it does not (3.5x slower fused)
-    codes = torch.round(torch.where(scaled == scaled, scaled, 0.0)).clamp(-127, 127)
+    codes = torch.round(torch.where(scaled == scaled, scaled, 0.0)).clamp(-q_max, q_max)
     return TokenCodes(codes.to(torch.int8), scale, inverse, offset)

@@ -1,0 +1,188 @@
+"""What the machine under a tensor can do: ISA flags, a CPU class, and cached kernel probes.
+
+Every fast path of the real modules declares what it needs (a device type and one or more probes below);
+the automatic choice reads them here, once per (probe, device), never from what the machine the code was
+written on could do. A probe is a measurement on the machine at hand:
+
+- ``fbgemm_exact``: fbgemm's int8 linear gives exact integer sums for full 8-bit codes (VNNI; without it the
+  AVX2 kernel adds pairs of u8 x s8 products in saturating int16 and gets them wrong);
+- ``fbgemm_half_exact``: the same for activation codes of at most 7 bits (0..128), which cannot saturate;
+- ``int_mm_fast``: ``torch._int_mm`` runs here and is faster than a float32 matmul of the same shape
+  (on CPU it needs oneDNN with VNNI or AMX; elsewhere torch runs a scalar loop 20-40x slower than float32);
+- ``int4pack`` / ``int8pack``: the bfloat16 weight-only kernels run and are exact;
+- ``bfloat16_fast``: bfloat16 matmuls run in hardware (AVX512-BF16 / AMX-BF16 flags, or a GPU);
+- ``onednn_linear_exact``: oneDNN's quantized linear gives exact sums.
+
+Tests replace the flags and probe outcomes with :func:`injected` (a whole CPU class at once, on one
+machine), so the decision tables are tested for every class wherever the suite runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import platform
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+CPU_CLASSES = ("amx", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx2", "baseline")
+
+# Flags and probe outcomes each CPU class shows (measured on the four classes this project has run on).
+CLASS_PRESETS: dict[str, tuple[frozenset[str], dict[str, bool]]] = {
+    "amx": (frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"}),
+            {"fbgemm_exact": True, "fbgemm_half_exact": True, "int_mm_fast": True, "bfloat16_fast": True}),
+    "avx512_bf16": (frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}),
+                    {"fbgemm_exact": True, "fbgemm_half_exact": True, "int_mm_fast": True, "bfloat16_fast": True}),
+    "avx512_vnni": (frozenset({"avx2", "avx512f", "avx512_vnni"}),
+                    {"fbgemm_exact": True, "fbgemm_half_exact": True, "int_mm_fast": True, "bfloat16_fast": False}),
+    "avx2": (frozenset({"avx2", "fma"}),
+             {"fbgemm_exact": False, "fbgemm_half_exact": True, "int_mm_fast": False, "bfloat16_fast": False}),
+}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """The device a tensor lives on, seen by the kernel choice."""
+
+    device_type: str
+    flags: frozenset[str] = frozenset()
+    name: str = ""
+
+    @property
+    def cpu_class(self) -> str:
+        """The most capable class in :data:`CPU_CLASSES` whose flags this CPU has."""
+        f = self.flags
+        if {"amx_int8", "amx_bf16"} & f:
+            return "amx"
+        if "avx512_vnni" in f:
+            return "avx512_bf16" if "avx512_bf16" in f else "avx512_vnni"
+        if "avx_vnni" in f:
+            return "avx_vnni"
+        return "avx2" if "avx2" in f else "baseline"
+
+
+_injected = threading.local()
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """ISA flags of this CPU (/proc/cpuinfo on Linux; otherwise what torch's dispatcher reports)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    capability = torch.backends.cpu.get_cpu_capability().lower()  # "AVX2", "AVX512", "DEFAULT", ...
+    return frozenset({"avx2"} | ({"avx512f"} if "avx512" in capability else set()))
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(device: torch.device | str = "cpu") -> Machine:
+    """The machine of ``device`` (flags replaced inside :func:`injected` for CPU devices)."""
+    device = torch.device(device)
+    if device.type != "cpu":
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        return Machine(device.type, frozenset(), name)
+    preset = getattr(_injected, "state", None)
+    if preset is not None:
+        return Machine("cpu", preset[0], f"injected {preset[2]}")
+    return Machine("cpu", cpu_flags(), cpu_name())
+
+
+@contextlib.contextmanager
+def injected(cpu_class: str, **probes: bool) -> Iterator[Machine]:
+    """Pretend (in this thread) to run on a CPU of ``cpu_class``: its flags and probe outcomes from
+    :data:`CLASS_PRESETS`, individual probes overridden by keyword. For tests of the decision tables."""
+    if cpu_class not in CLASS_PRESETS:
+        raise ValueError(f"cpu_class={cpu_class!r}; legal: {', '.join(CLASS_PRESETS)}")
+    flags, outcomes = CLASS_PRESETS[cpu_class]
+    previous = getattr(_injected, "state", None)
+    _injected.state = (flags, {**outcomes, **probes}, cpu_class)
+    try:
+        yield machine("cpu")
+    finally:
+        _injected.state = previous
+
+
+PROBES: dict[str, Callable[[torch.device], bool]] = {}
+
+
+def register_probe(name: str):
+    def decorate(function: Callable[[torch.device], bool]):
+        PROBES[name] = function
+        return function
+
+    return decorate
+
+
+_probe_cache: dict[tuple[str, str], bool] = {}
+_probe_lock = threading.Lock()
+
+
+def probe(name: str, device: torch.device | str = "cpu") -> bool:
+    """The cached outcome of probe ``name`` on ``device`` (False where it cannot run or is not known)."""
+    device = torch.device(device)
+    state = getattr(_injected, "state", None)
+    if state is not None and device.type == "cpu" and name in state[1]:
+        return state[1][name]
+    key = (name, str(device))
+    if key not in _probe_cache:
+        with _probe_lock, torch.inference_mode(False), torch.no_grad():
+            if key not in _probe_cache:
+                try:
+                    _probe_cache[key] = bool(PROBES[name](device))
+                except (RuntimeError, AttributeError, NotImplementedError, TypeError):
+                    _probe_cache[key] = False
+    return _probe_cache[key]
+
+
+@register_probe("bfloat16_fast")
+def _bfloat16_fast(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and bool(machine(device).flags & {"avx512_bf16", "amx_bf16"})
+
+
+def median_seconds(function: Callable[[], object], rounds: int = 5) -> float:
+    function()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[rounds // 2]
+
+
+@register_probe("int_mm_fast")
+def _int_mm_fast(device: torch.device) -> bool:
+    """``torch._int_mm`` exact on a small case and, on CPU, at least 1.25x faster than a float32 matmul of
+    256 x 512 x 512 (where torch falls back to a scalar loop it is 20-40x slower; with VNNI 3-10x faster)."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randint(-128, 128, (32, 64), generator=generator, dtype=torch.int16).to(torch.int8).to(device)
+    b = torch.randint(-128, 128, (64, 32), generator=generator, dtype=torch.int16).to(torch.int8).to(device)
+    if not torch.equal(torch._int_mm(a, b).long().cpu(), a.long().cpu() @ b.long().cpu()):
+        return False
+    if device.type != "cpu":
+        return device.type == "cuda"
+    codes = torch.randint(-128, 128, (256, 512), generator=generator, dtype=torch.int16).to(torch.int8)
+    weight = torch.randint(-128, 128, (512, 512), generator=generator, dtype=torch.int16).to(torch.int8)
+    floats, weight_floats = codes.float(), weight.float()
+    integer = median_seconds(lambda: torch._int_mm(codes, weight))
+    return integer * 1.25 < median_seconds(lambda: floats @ weight_floats)

@@ -1,0 +1,127 @@
+"""Which kernel path a real module takes on the machine at hand: the decision tables and forced-path checks.
+
+Every path declares the device types it runs on, the probe that says it is exact there and the probe that
+says it is fast there (:mod:`lowbit.ops.capabilities`). ``path="auto"`` picks, per call, from the probes of
+the input's device (cached), never a path whose exactness probe fails and never one slower than the plain
+float route; a forced path that is inexact here raises :class:`~lowbit.errors.ConfigError`, a forced path
+that is slow here warns once. The tables, per CPU class (docs/real-execution.md has the measurements):
+
+======================= ============================================ =========================================
+class                   int8 dynamic Linear, per token               weight-only Linear
+======================= ============================================ =========================================
+AMX                     >= 64 rows: ``onednn`` (AMX int8 tiles);      float32 model: ``dequantize``;
+                        fewer: ``fbgemm``                            bfloat16 model / ``compute_dtype``:
+AVX-512 VNNI (+ BF16)   >= 64 rows: ``compiled`` / ``int_mm``;        packed kernel up to 32 rows,
+                        fewer: ``fbgemm``                            ``dequantize_bf16`` above
+AVX2 / AVX-512 no VNNI  ``fbgemm_pairs`` (two exact 7-bit halves) or
+                        ``float_codes``; with ``act_bits=7``: one
+                        ``fbgemm`` call
+CUDA                    ``int_mm`` (rows > 16, K and N multiples of   ``dequantize`` / ``dequantize_bf16``
+                        8), else ``float_codes``
+======================= ============================================ =========================================
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from lowbit.errors import ConfigError
+from lowbit.ops import capabilities
+from lowbit.ops.kernels import PAIRS_MAX_K
+
+CPU_ONLY = ("fbgemm", "fbgemm_pairs", "onednn", "int4pack", "int8pack")
+EXACTNESS = {"fbgemm_pairs": "fbgemm_half_exact", "onednn": "onednn_linear_exact", "int4pack": "int4pack",
+             "int8pack": "int8pack"}  # fmt: skip
+SPEED = {"int_mm": "int_mm_fast", "compiled": "int_mm_fast", "dequantize_bf16": "bfloat16_fast"}
+COMPILED_MIN_ROWS = 64  # measured crossover: below it fbgemm's prepacked kernel wins (docs/real-execution.md)
+_warned: set[tuple[str, str, str]] = set()
+
+
+def exactness_probe(path: str, act_bits: int = 8) -> str | None:
+    if path == "fbgemm":
+        return "fbgemm_exact" if act_bits == 8 else "fbgemm_half_exact"
+    return EXACTNESS.get(path)
+
+
+def runs_exactly(path: str, device: torch.device | str, act_bits: int = 8) -> bool:
+    """Whether ``path`` can run exactly on ``device`` (what a forced path is checked against)."""
+    device = torch.device(device)
+    probe = exactness_probe(path, act_bits)
+    return (path not in CPU_ONLY or device.type == "cpu") and (probe is None or capabilities.probe(probe, device))
+
+
+def check_forced(owner: str, path: str, device: torch.device, act_bits: int = 8, probe: str | None = None) -> None:
+    """Refuse a forced path that cannot run exactly on ``device``; warn once if it is slow there. ``probe``
+    replaces the path's own exactness probe (a convolution's "onednn" is another kernel than a Linear's)."""
+    if path in CPU_ONLY and device.type != "cpu":
+        raise ConfigError(f"{owner}.path={path!r} runs on CPU only; this input is on {device} (use path='auto')")
+    probe = probe or exactness_probe(path, act_bits)
+    machine = capabilities.machine(device)
+    if probe is not None and not capabilities.probe(probe, device):
+        raise ConfigError(f"{owner}.path={path!r} is not exact on this machine ({machine.name}, class "
+                          f"{machine.cpu_class}: probe {probe!r} failed); use path='auto'")  # fmt: skip
+    speed = SPEED.get(path)
+    if speed is not None and not capabilities.probe(speed, device) and (owner, path, str(device)) not in _warned:
+        _warned.add((owner, path, str(device)))
+        warnings.warn(f"{owner}.path={path!r} is slow on this machine ({machine.name}, class {machine.cpu_class}: "
+                      f"probe {speed!r} failed); path='auto' picks a faster exact one", stacklevel=4)  # fmt: skip
+
+
+def int_mm_fits(device: torch.device, rows: int, k: int, n: int) -> bool:
+    """``torch._int_mm`` is fast here and takes this shape (CUDA wants rows > 16 and K, N multiples of 8)."""
+    if not capabilities.probe("int_mm_fast", device):
+        return False
+    return device.type != "cuda" or (rows > 16 and k % 8 == 0 and n % 8 == 0)
+
+
+def int8_dynamic(device: torch.device, rows: int, k: int, n: int, *, token: bool = True, act_bits: int = 8,
+                 compile_allowed: bool = False) -> str:  # fmt: skip
+    """The path of ``Int8DynamicLinear`` for ``rows`` x K -> N on ``device``."""
+    if device.type != "cpu":
+        return "int_mm" if int_mm_fits(device, rows, k, n) else "float_codes"
+    if not token:
+        if capabilities.probe("fbgemm_exact", device):
+            return "fbgemm"
+        return "int_mm" if int_mm_fits(device, rows, k, n) else "float_codes"
+    fast_int_mm = int_mm_fits(device, rows, k, n)
+    if rows >= COMPILED_MIN_ROWS and fast_int_mm:
+        if capabilities.machine(device).cpu_class == "amx" and capabilities.probe("onednn_linear_exact", device):
+            return "onednn"
+        return "compiled" if compile_allowed else "int_mm"
+    if capabilities.probe(exactness_probe("fbgemm", act_bits), device):
+        return "fbgemm"
+    if fast_int_mm:
+        return "int_mm"
+    return "fbgemm_pairs" if pairs_fit(device, k) else "float_codes"
+
+
+def pairs_fit(device: torch.device, k: int) -> bool:
+    return device.type == "cpu" and k <= PAIRS_MAX_K and capabilities.probe("fbgemm_half_exact", device)
+
+
+def w8a8_static(device: torch.device, rows: int, k: int, n: int) -> str:
+    """The path of ``W8A8StaticLinear`` (full 8-bit calibrated codes)."""
+    if device.type == "cpu" and capabilities.probe("fbgemm_exact", device):
+        return "fbgemm"
+    return "int_mm" if int_mm_fits(device, rows, k, n) else "float_codes"
+
+
+def int8_conv(device: torch.device) -> str:
+    """The path of ``Int8Conv2d``: oneDNN's quantized convolution where its sums are exact, else
+    ``torch._int_mm`` on im2col codes where it is fast, else the exact reference (float64 sums of codes)."""
+    if device.type == "cpu" and capabilities.probe("onednn_conv_exact", device):
+        return "onednn"
+    return "int_mm" if capabilities.probe("int_mm_fast", device) else "reference"
+
+
+def weight_only(device: torch.device, rows: int, compute_dtype: torch.dtype, packed_path: str, packed_fits: bool,
+                small_batch: int) -> str:  # fmt: skip
+    """The path of a weight-only Linear: float32 compute stays float32 ("dequantize"); bfloat16 compute (a
+    bfloat16 model or an explicit ``compute_dtype``) takes the packed bfloat16 kernel for few rows."""
+    if compute_dtype != torch.bfloat16:
+        return "dequantize"
+    if device.type == "cpu" and rows <= small_batch and packed_fits and capabilities.probe(packed_path, device):
+        return packed_path
+    return "dequantize_bf16"
