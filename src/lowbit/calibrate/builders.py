@@ -132,6 +132,8 @@ def _checked_range(low, high) -> tuple[torch.Tensor, torch.Tensor]:
     except RuntimeError:
         shapes = f"min of shape {tuple(low.shape)} and max of shape {tuple(high.shape)}"
         raise ConfigError(f"{shapes} do not broadcast") from None
+    if low.device.type == "meta":  # shapes only: there are no values to check
+        return low.clone(), high.clone()
     for name, value in (("min", low), ("max", high)):
         bad = ~torch.isfinite(value)
         if bad.any():
@@ -154,7 +156,7 @@ def _floored(scale: torch.Tensor, eps: float, power_of_two: bool) -> torch.Tenso
     """The eps floor (zero ranges), then the optional power of two, rounded up so the range still fits."""
     scale = torch.clamp(scale, min=eps)
     scale = ceil_power_of_two(scale) if power_of_two else scale
-    if not torch.isfinite(scale).all():
+    if scale.device.type != "meta" and not torch.isfinite(scale).all():
         # Only a range near float32's limits with very few codes gets here (e.g. 1 bit over +-3e38).
         raise ConfigError("the range is too wide for a float32 scale with this many bits")
     return scale
@@ -173,7 +175,8 @@ def expected_squared_error(
     [groups, candidates].
     """
     width = bin_width.reshape(-1, 1, 1)
-    start = lowest_edge.reshape(-1, 1, 1) + torch.arange(counts.shape[1], dtype=torch.float64) * width  # [g, 1, b]
+    bins = torch.arange(counts.shape[1], dtype=torch.float64, device=counts.device)
+    start = lowest_edge.reshape(-1, 1, 1) + bins * width  # [g, 1, b]
     end = start + width
     step = scale.to(torch.float64).unsqueeze(2)  # [g, c, 1]
     offset = zero_point.to(torch.float64).unsqueeze(2)

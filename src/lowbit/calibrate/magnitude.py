@@ -31,7 +31,7 @@ class MagnitudeObserver(Observer):
     is within 3e-4 (relative) of the exact conditional mean (tested).
     """
 
-    _summarises_on_cpu = True
+    _needs_values = True  # the histogram's bins depend on the values
 
     def __init__(self, *, bins: int = 2048, **granularity):
         DyadicHistogram(bins)  # validates bins now
@@ -41,12 +41,13 @@ class MagnitudeObserver(Observer):
     def _reset_statistics(self) -> None:
         self.extremes, self.histogram, self.sums = MinMaxObserver(), None, None
 
-    def _start(self, groups: int) -> None:
-        self.extremes._start(groups)
-        self.histogram = DyadicHistogram(self.bins, groups)
-        self.sums = {name: torch.zeros(groups, dtype=torch.float64) for name in _SUMS}
+    def _start(self, groups: int, device: torch.device | None = None) -> None:
+        self.extremes._start(groups, device)
+        self.histogram = DyadicHistogram(self.bins, groups, device)
+        self.sums = {name: torch.zeros(groups, dtype=torch.float64, device=device) for name in _SUMS}
 
     def _observe(self, values: torch.Tensor, clean: bool) -> None:
+        values = values.to(self.histogram.device)  # the sums stay where the first batch (or the state) put them
         self.extremes._observe(values, clean)
         finite = torch.isfinite(values)
         exact = torch.where(finite, values, 0.0).double()  # [groups, n]
@@ -75,7 +76,8 @@ class MagnitudeObserver(Observer):
         """mean |x| over the values with |x| > delta per group (``delta``: a number, or one per group), from
         the exact totals and the histogram (see the class docstring). 0 where no value lies above delta."""
         self._check_seen()
-        delta = torch.as_tensor(delta, dtype=torch.float64).reshape(-1).expand(self.histogram.groups)
+        delta = torch.as_tensor(delta, dtype=torch.float64, device=self.histogram.device)
+        delta = delta.reshape(-1).expand(self.histogram.groups)
         count_below, sum_below = self._at_or_below(delta.clamp(min=0))
         count = (self.sums["finite_count"] - count_below).clamp(min=0)
         total = (self.sums["abs_sum"] - sum_below).clamp(min=0)
@@ -84,7 +86,8 @@ class MagnitudeObserver(Observer):
     def _at_or_below(self, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(count, sum of |x|) of the values <= delta per group, from the histogram of |x|."""
         width = self.histogram.bin_width().unsqueeze(1)  # [g, 1]
-        start = (self.histogram.low_index.unsqueeze(1) + torch.arange(self.bins)) * width  # [g, bins]
+        bins = torch.arange(self.bins, device=width.device)
+        start = (self.histogram.low_index.unsqueeze(1) + bins) * width  # [g, bins]
         counts = self.histogram.counts.to(torch.float64)
         fraction = ((delta.unsqueeze(1) - start) / width).clamp(0.0, 1.0)  # of each bin's width below delta
         count = (counts * fraction).sum(1)
@@ -109,5 +112,6 @@ class MagnitudeObserver(Observer):
     def _load_statistics(self, state: dict) -> None:
         self.extremes._load_statistics(state)
         for name in _SUMS:
-            self.sums[name] = torch.as_tensor(state[name], dtype=torch.float64).reshape(-1).clone()
+            loaded = torch.as_tensor(state[name], dtype=torch.float64, device=self.histogram.device)
+            self.sums[name] = loaded.reshape(-1).clone()
         self.histogram.load_state_dict(_prefixed(state, "histogram."))

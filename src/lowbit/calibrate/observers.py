@@ -8,8 +8,12 @@ does); ``count`` is the number of finite values seen. Non-finite values (NaN, +-
 tallied in ``nonfinite_count`` (``nonfinite="ignore"``, the rule of the affine format, whose scales come
 from finite values only), or rejected with ConfigError before any state changes (``nonfinite="error"``).
 A channel or block that has seen only non-finite values reports the range (0, 0). Empty tensors change
-nothing; asking for a range before any finite value raises ConfigError. Min / max state follows the
-data's device; the sketch and histogram observers summarise on the CPU (each batch is copied there).
+nothing; asking for a range before any finite value raises ConfigError. Every observer's state lives on
+the device of the first batch it sees (later batches are moved there), so ranges come back on that
+device (min / max state follows each new batch's device; sketches, histograms and sums move later
+batches to theirs). On the meta device the min / max observers track shapes (non-finite values cannot be counted
+there, so ``count`` counts every value); the percentile and search observers keep data-dependent buckets
+and raise FormatError there.
 
 Search observers (``MSEObserver``, ``HistogramObserver``) pick a range for a target code format: the one
 given at construction, overridden by the keywords of ``min_max(bits=..., ...)``, or the one passed to
@@ -50,7 +54,7 @@ def _grouped(x: torch.Tensor, block: tuple[int, ...]) -> torch.Tensor:
 class Observer:
     """Base class: granularity, data checks, counts and the parameter / state API."""
 
-    _summarises_on_cpu = False  # sketches and histograms live on the CPU; min / max follow the data
+    _needs_values = False  # True: the summary's layout depends on the values (no meta-device run)
 
     def __init__(self, *, axis: int | None = None, block_size=None, nonfinite: str = "ignore"):
         if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int)):
@@ -69,6 +73,7 @@ class Observer:
     def reset(self) -> None:
         """Forget every statistic (the granularity stays)."""
         self.count, self.nonfinite_count, self.stats_shape = 0, 0, None
+        self.device = None  # of the last batch seen
         self._reset_statistics()
 
     # ---- observing ------------------------------------------------------------------------------------
@@ -80,8 +85,12 @@ class Observer:
             return
         work = x.detach().to(torch.float32)
         work = work.reshape(1) if work.dim() == 0 else work
-        work = work.cpu() if self._summarises_on_cpu else work
-        nonfinite = int((~torch.isfinite(work)).sum())
+        meta = work.device.type == "meta"
+        if meta and self._needs_values:
+            raise FormatError(f"{type(self).__name__} cannot run on the meta device: its buckets depend on the "
+                              "values; use min / max observers there, or the CPU or a GPU")  # fmt: skip
+        nonfinite = 0 if meta else int((~torch.isfinite(work)).sum())  # meta holds no values to count
+        self.device = work.device
         if nonfinite and self.nonfinite == "error":
             raise ConfigError(f"{type(self).__name__}: {nonfinite} non-finite values (NaN / inf) in the input")
         try:
@@ -91,14 +100,14 @@ class Observer:
         shape = self._stats_shape(work.shape, block)
         if self.stats_shape is None:
             self.stats_shape = shape
-            self._start(math.prod(shape))
+            self._start(math.prod(shape), work.device)
         elif shape != self.stats_shape:
             raise ConfigError(
                 f"{type(self).__name__}: input of shape {tuple(x.shape)} gives ranges of shape {shape}, but earlier "
                 f"inputs gave {self.stats_shape}; a block_size of -1 covers a dimension whose size varies"
             )
         padded = any(dim % size for dim, size in zip(work.shape, block))
-        self._observe(_grouped(work, block), clean=nonfinite == 0 and not padded)
+        self._observe(_grouped(work, block), clean=nonfinite == 0 and not padded and not meta)
         self.count += work.numel() - nonfinite
         self.nonfinite_count += nonfinite
 
@@ -141,8 +150,14 @@ class Observer:
         """An ``affine`` FormatSpec with this observer's calibrated scale and zero point."""
         if self.block_size is not None:
             raise ConfigError("per-block ranges have no given-scale affine spec; use affine(block_size=...)")
+        self.require_values("a spec's scales are Python numbers")
         parameters = self.scale_zero_point(bits, signed, symmetric, power_of_two, narrow_range)
         return builders.affine_spec(parameters, bits, signed, self.axis, narrow_range, **format_parameters)
+
+    def require_values(self, why: str) -> None:
+        """FormatError when the statistics came from meta tensors (shapes only): ``why`` needs values."""
+        if self.device is not None and self.device.type == "meta":
+            raise FormatError(f"{type(self).__name__} cannot run on the meta device: {why}")
 
     def spec_for(self, fmt, **overrides):
         """``calibrated_spec(self, fmt, **overrides)`` (lowbit.calibrate.specs): fmt with frozen parameters."""
@@ -181,7 +196,7 @@ class Observer:
     # ---- what subclasses provide -----------------------------------------------------------------------------
     def _reset_statistics(self) -> None: ...
 
-    def _start(self, groups: int) -> None:
+    def _start(self, groups: int, device: torch.device | None = None) -> None:
         raise NotImplementedError
 
     def _observe(self, values: torch.Tensor, clean: bool) -> None:
@@ -216,9 +231,9 @@ class MinMaxObserver(Observer):
     def _reset_statistics(self) -> None:
         self.low = self.high = None
 
-    def _start(self, groups: int) -> None:
-        self.low = torch.full((groups,), math.inf)
-        self.high = torch.full((groups,), -math.inf)
+    def _start(self, groups: int, device: torch.device | None = None) -> None:
+        self.low = torch.full((groups,), math.inf, device=device)
+        self.high = torch.full((groups,), -math.inf, device=device)
 
     def _observe(self, values: torch.Tensor, clean: bool) -> None:
         low, high = _batch_min_max(values, clean)
@@ -264,7 +279,7 @@ class PercentileObserver(Observer):
     :class:`~lowbit.calibrate.quantile.GroupedQuantileSketch` per channel / block: each end is within
     ``relative_error`` times the neighbouring order statistics' magnitude of the exact percentile."""
 
-    _summarises_on_cpu = True
+    _needs_values = True
 
     def __init__(self, percentile: float = 99.99, relative_error: float = 0.01, **granularity):
         if not 50.0 < percentile <= 100.0:
@@ -276,8 +291,8 @@ class PercentileObserver(Observer):
     def _reset_statistics(self) -> None:
         self.sketch = None
 
-    def _start(self, groups: int) -> None:
-        self.sketch = GroupedQuantileSketch(self.relative_error, groups)
+    def _start(self, groups: int, device: torch.device | None = None) -> None:
+        self.sketch = GroupedQuantileSketch(self.relative_error, groups, device)
 
     def _observe(self, values: torch.Tensor, clean: bool) -> None:
         self.sketch.update_groups(values)
@@ -297,7 +312,7 @@ class _HistogramSearch(Observer):
     """Shared by the search observers: exact running min / max plus a DyadicHistogram per group."""
 
     _magnitudes = False  # True: histogram |x| (KL) instead of x (MSE)
-    _summarises_on_cpu = True
+    _needs_values = True
 
     def __init__(self, *, bits: int = 8, signed: bool = True, symmetric: bool = False, power_of_two: bool = False,
                  narrow_range: bool = False, bins: int = 2048, **granularity):  # fmt: skip
@@ -311,9 +326,9 @@ class _HistogramSearch(Observer):
     def _reset_statistics(self) -> None:
         self.extremes, self.histogram = MinMaxObserver(), None
 
-    def _start(self, groups: int) -> None:
-        self.extremes._start(groups)
-        self.histogram = DyadicHistogram(self.bins, groups)
+    def _start(self, groups: int, device: torch.device | None = None) -> None:
+        self.extremes._start(groups, device)
+        self.histogram = DyadicHistogram(self.bins, groups, device)
 
     def _observe(self, values: torch.Tensor, clean: bool) -> None:
         self.extremes._observe(values, clean)
@@ -362,7 +377,8 @@ class MSEObserver(_HistogramSearch):
 
     def _range(self, **target) -> tuple[torch.Tensor, torch.Tensor]:
         low, high = self._observed()
-        fractions = torch.arange(self.num_candidates, 0, -1, dtype=torch.float32) / self.num_candidates  # widest first
+        fractions = torch.arange(self.num_candidates, 0, -1, dtype=torch.float32, device=low.device)
+        fractions = fractions / self.num_candidates  # widest first
         low_grid, high_grid = low.unsqueeze(1) * fractions, high.unsqueeze(1) * fractions  # [g, c]
         low, high = self._best(low_grid, high_grid, target)
         for _ in range(0 if target["symmetric"] else self.refinements):
@@ -375,14 +391,14 @@ class MSEObserver(_HistogramSearch):
         scale, zero_point = builders.scale_zero_point(lows, highs, **target)
         q_min, q_max = code_range(target["bits"], target["signed"], target["narrow_range"])
         width = self.histogram.bin_width()
-        best = torch.empty(lows.shape[0], dtype=torch.int64)
+        best = torch.empty(lows.shape[0], dtype=torch.int64, device=lows.device)
         for part in self._group_chunks(lows.shape[1] * self.bins):
             error = builders.expected_squared_error(
                 self.histogram.counts[part], self.histogram.low_index[part] * width[part], width[part],
                 scale[part], zero_point[part], q_min, q_max,
             )  # fmt: skip
             best[part] = error.argmin(1)  # the first minimum: the widest of equally good ranges
-        rows = torch.arange(lows.shape[0])
+        rows = torch.arange(lows.shape[0], device=lows.device)
         return lows[rows, best], highs[rows, best]
 
 
@@ -411,7 +427,7 @@ class HistogramObserver(_HistogramSearch):
             if bins <= levels:
                 continue
             divergence = kl_divergences(self.histogram.counts[part, :bins], levels)  # [g, cuts]
-            cuts = torch.arange(levels, bins + 1)
+            cuts = torch.arange(levels, bins + 1, device=used.device)
             divergence = torch.where(cuts <= used[part].unsqueeze(1), divergence, math.inf)
             chosen = cuts[divergence.argmin(1)]
             clipped = torch.minimum(chosen * width[part], threshold[part])

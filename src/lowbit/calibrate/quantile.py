@@ -43,15 +43,18 @@ import math
 import torch
 import torch.nn.functional as F
 
-from lowbit.errors import ConfigError
+from lowbit.errors import ConfigError, FormatError
 
 SMALLEST_NORMAL = 2.0**-126  # magnitudes below this count as zero
 _LARGEST_MAGNITUDE = 2.0**128  # float32's range: keeps the number of buckets bounded
 _CHUNK = 1 << 22  # values per vectorised step: caps temporary memory, not the stream length
 
 
-def _float64_groups(values: torch.Tensor, groups: int) -> torch.Tensor:
-    values = values.detach().to(torch.float64)
+def _float64_groups(values: torch.Tensor, groups: int, device: torch.device) -> torch.Tensor:
+    if values.device.type == "meta" or device.type == "meta":
+        raise FormatError("a quantile sketch or histogram cannot run on the meta device: the buckets it keeps "
+                          "depend on the values; use the CPU or a GPU")  # fmt: skip
+    values = values.detach().to(device, torch.float64)  # the sketch's device (the observer makes it the data's)
     if values.dim() != 2 or values.shape[0] != groups:
         raise ConfigError(f"expected values shaped [{groups}, n], got {tuple(values.shape)}")
     too_large = torch.isfinite(values) & (values.abs() >= _LARGEST_MAGNITUDE)
@@ -69,9 +72,9 @@ def _chunks(values: torch.Tensor):
 class _KeyWindow:
     """Counts of the bucket keys low_key .. low_key + width - 1 of one sign, per group; grows to fit."""
 
-    def __init__(self, groups: int):
+    def __init__(self, groups: int, device: torch.device):
         self.groups, self.low_key = groups, 1
-        self.counts = torch.zeros(groups, 0, dtype=torch.int64)  # [groups, width]
+        self.counts = torch.zeros(groups, 0, dtype=torch.int64, device=device)  # [groups, width]
 
     @property
     def width(self) -> int:
@@ -83,7 +86,7 @@ class _KeyWindow:
             low_key, high_key = min(self.low_key, low_key), max(self.low_key + self.width - 1, high_key)
         if self.width and (low_key, high_key) == (self.low_key, self.low_key + self.width - 1):
             return
-        wider = torch.zeros(self.groups, high_key - low_key + 1, dtype=torch.int64)
+        wider = torch.zeros(self.groups, high_key - low_key + 1, dtype=torch.int64, device=self.counts.device)
         offset = self.low_key - low_key
         wider[:, offset : offset + self.width] = self.counts
         self.low_key, self.counts = low_key, wider
@@ -101,20 +104,23 @@ class _KeyWindow:
             self.counts[:, offset : offset + other.width] += other.counts
 
     def keys(self) -> torch.Tensor:
-        return torch.arange(self.low_key, self.low_key + self.width)
+        return torch.arange(self.low_key, self.low_key + self.width, device=self.counts.device)
 
 
 class GroupedQuantileSketch:
     """One log-bucketed quantile sketch per group (channel or block), updated together; see the module
-    docstring for the buckets and the error bound. ``update_groups`` takes values shaped [groups, n]."""
+    docstring for the buckets and the error bound. ``update_groups`` takes values shaped [groups, n].
 
-    def __init__(self, relative_error: float = 0.01, groups: int = 1):
+    The counts live on ``device`` (default CPU; observers give the data's), and values are moved there.
+    The buckets depend on the values, so a sketch cannot run on the meta device (FormatError)."""
+
+    def __init__(self, relative_error: float = 0.01, groups: int = 1, device: torch.device | str | None = None):
         if not 1e-4 <= relative_error <= 0.5:
             raise ConfigError(f"relative_error={relative_error!r} is invalid; expected a number in [1e-4, 0.5]")
         if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
             raise ConfigError(f"groups={groups!r} is invalid; expected an int >= 1")
         self.relative_error = float(relative_error)
-        self.groups = groups
+        self.groups, self.device = groups, torch.device("cpu" if device is None else device)
         internal = self.relative_error * (1 - 1e-6)  # absorbs float64 rounding of bucket edges
         self._gamma = (1 + internal) / (1 - internal)
         self._log_gamma = math.log(self._gamma)
@@ -123,12 +129,13 @@ class GroupedQuantileSketch:
         self.reset()
 
     def reset(self) -> None:
-        self.negative, self.positive = _KeyWindow(self.groups), _KeyWindow(self.groups)  # keys of |x|
-        self.zeros = torch.zeros(self.groups, dtype=torch.int64)  # |x| < 2^-126
-        self.count_per_group = torch.zeros(self.groups, dtype=torch.int64)
-        self.nonfinite_per_group = torch.zeros(self.groups, dtype=torch.int64)
-        self.min_per_group = torch.full((self.groups,), math.inf, dtype=torch.float64)
-        self.max_per_group = torch.full((self.groups,), -math.inf, dtype=torch.float64)
+        device = self.device
+        self.negative, self.positive = _KeyWindow(self.groups, device), _KeyWindow(self.groups, device)  # keys of |x|
+        self.zeros = torch.zeros(self.groups, dtype=torch.int64, device=device)  # |x| < 2^-126
+        self.count_per_group = torch.zeros(self.groups, dtype=torch.int64, device=device)
+        self.nonfinite_per_group = torch.zeros(self.groups, dtype=torch.int64, device=device)
+        self.min_per_group = torch.full((self.groups,), math.inf, dtype=torch.float64, device=device)
+        self.max_per_group = torch.full((self.groups,), -math.inf, dtype=torch.float64, device=device)
 
     @property
     def num_buckets(self) -> int:
@@ -138,7 +145,7 @@ class GroupedQuantileSketch:
     # ---- updates ----------------------------------------------------------------------------------------
     def update_groups(self, values: torch.Tensor) -> None:
         """Add values shaped [groups, n]; NaN / +-inf are tallied as non-finite and otherwise ignored."""
-        for chunk in _chunks(_float64_groups(values, self.groups)):
+        for chunk in _chunks(_float64_groups(values, self.groups, self.device)):
             finite = torch.isfinite(chunk)
             self.nonfinite_per_group += (~finite).sum(1)
             self.count_per_group += finite.sum(1)
@@ -148,7 +155,7 @@ class GroupedQuantileSketch:
             small = magnitude < SMALLEST_NORMAL
             self.zeros += (finite & small).sum(1)
             keys = self._keys(magnitude)
-            rows = torch.arange(self.groups).unsqueeze(1).expand_as(keys)
+            rows = torch.arange(self.groups, device=self.device).unsqueeze(1).expand_as(keys)
             for window, sign in ((self.positive, chunk > 0), (self.negative, chunk < 0)):
                 chosen = finite & sign & ~small
                 window.add(keys[chosen], rows[chosen])
@@ -177,7 +184,8 @@ class GroupedQuantileSketch:
     def _ordered(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Counts [groups, buckets] and signed keys [buckets] of every bucket, in increasing value order."""
         counts = torch.cat([self.negative.counts.flip(1), self.zeros.unsqueeze(1), self.positive.counts], 1)
-        keys = torch.cat([-self.negative.keys().flip(0), torch.zeros(1, dtype=torch.int64), self.positive.keys()])
+        zero = torch.zeros(1, dtype=torch.int64, device=self.device)
+        keys = torch.cat([-self.negative.keys().flip(0), zero, self.positive.keys()])
         return counts, keys
 
     def _representatives(self, keys: torch.Tensor) -> torch.Tensor:
@@ -230,11 +238,12 @@ class GroupedQuantileSketch:
         if saved != self.relative_error:
             raise ConfigError(f"state has relative_error={saved}; this sketch has {self.relative_error}")
         for name, window in (("negative", self.negative), ("positive", self.positive)):
-            window.counts = torch.as_tensor(state[f"{name}_counts"], dtype=torch.int64).reshape(self.groups, -1).clone()
+            counts = torch.as_tensor(state[f"{name}_counts"], dtype=torch.int64, device=self.device)
+            window.counts = counts.reshape(self.groups, -1).clone()
             window.low_key = int(torch.as_tensor(state[f"{name}_low_key"]))
 
         def per_group(key: str, dtype: torch.dtype) -> torch.Tensor:
-            return torch.as_tensor(state[key], dtype=dtype).reshape(self.groups).clone()
+            return torch.as_tensor(state[key], dtype=dtype, device=self.device).reshape(self.groups).clone()
 
         self.zeros, self.count_per_group = per_group("zeros", torch.int64), per_group("count", torch.int64)
         self.nonfinite_per_group = per_group("nonfinite", torch.int64)
@@ -249,8 +258,8 @@ class QuantileSketch(GroupedQuantileSketch):
     >>> median = sketch.quantile(0.5)     # within 0.01 * |x_(k)| of np.quantile(x, 0.5)
     """
 
-    def __init__(self, relative_error: float = 0.01):
-        super().__init__(relative_error, groups=1)
+    def __init__(self, relative_error: float = 0.01, device: torch.device | str | None = None):
+        super().__init__(relative_error, groups=1, device=device)
 
     def update(self, values: torch.Tensor) -> None:
         """Add every element of ``values`` (any shape); NaN / +-inf are tallied in ``nonfinite`` only."""
@@ -300,25 +309,27 @@ class DyadicHistogram:
 
     _START_EXPONENT = -160  # below every float32 magnitude: the first update picks the real width
 
-    def __init__(self, bins: int = 2048, groups: int = 1):
+    def __init__(self, bins: int = 2048, groups: int = 1, device: torch.device | str | None = None):
         if isinstance(bins, bool) or not isinstance(bins, int) or bins < 8:
             raise ConfigError(f"bins={bins!r} is invalid; expected an int >= 8")
         self.bins, self.groups = bins, groups
+        self.device = torch.device("cpu" if device is None else device)  # values are moved here
         self.reset()
 
     def reset(self) -> None:
-        self.counts = torch.zeros(self.groups, self.bins, dtype=torch.int64)
-        self.low_index = torch.zeros(self.groups, dtype=torch.int64)
-        self.high_index = torch.zeros(self.groups, dtype=torch.int64)
-        self.exponent = torch.full((self.groups,), self._START_EXPONENT, dtype=torch.int64)
+        device = self.device
+        self.counts = torch.zeros(self.groups, self.bins, dtype=torch.int64, device=device)
+        self.low_index = torch.zeros(self.groups, dtype=torch.int64, device=device)
+        self.high_index = torch.zeros(self.groups, dtype=torch.int64, device=device)
+        self.exponent = torch.full((self.groups,), self._START_EXPONENT, dtype=torch.int64, device=device)
 
     def bin_width(self) -> torch.Tensor:
         """w per group (float64 [groups])."""
-        return torch.ldexp(torch.ones(self.groups, dtype=torch.float64), self.exponent)
+        return torch.ldexp(torch.ones(self.groups, dtype=torch.float64, device=self.device), self.exponent)
 
     def update_groups(self, values: torch.Tensor) -> None:
         """Add values shaped [groups, n]; NaN / +-inf are ignored."""
-        for chunk in _chunks(_float64_groups(values, self.groups)):
+        for chunk in _chunks(_float64_groups(values, self.groups, self.device)):
             finite = torch.isfinite(chunk)
             width = self.bin_width()
             low = torch.where(finite, chunk, math.inf).amin(1) / width
@@ -328,7 +339,7 @@ class DyadicHistogram:
             high = torch.maximum(self.high_index.double(), torch.where(present, torch.floor(high), 0.0))
             self._rebin(low, high)
             index = torch.floor(chunk / self.bin_width().unsqueeze(1)) - self.low_index.unsqueeze(1)
-            rows = torch.arange(self.groups).unsqueeze(1).expand_as(index)
+            rows = torch.arange(self.groups, device=self.device).unsqueeze(1).expand_as(index)
             flat = rows[finite] * self.bins + index[finite].to(torch.int64)
             self.counts += torch.bincount(flat, minlength=self.groups * self.bins).reshape(self.groups, self.bins)
 
@@ -338,7 +349,7 @@ class DyadicHistogram:
         factor = torch.ldexp(torch.ones_like(low), -shift)  # exact: floor(j / 2^k) below
         new_low = torch.floor(low * factor).to(torch.int64)
         self.high_index = torch.floor(high * factor).to(torch.int64)
-        old_index = self.low_index.unsqueeze(1) + torch.arange(self.bins)  # [groups, bins], |index| < bins
+        old_index = self.low_index.unsqueeze(1) + torch.arange(self.bins, device=self.device)  # [groups, bins]
         # An arithmetic shift is floor division by 2^k; k past 62 gives the same 0 / -1 as k = 62.
         new_column = (old_index >> shift.clamp(max=62).unsqueeze(1)) - new_low.unsqueeze(1)
         new_column = torch.where(self.counts > 0, new_column, 0)  # empty columns may fall outside
@@ -361,9 +372,12 @@ class DyadicHistogram:
                 "high_index": self.high_index.clone(), "exponent": self.exponent.clone()}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
-        self.counts = torch.as_tensor(state["counts"], dtype=torch.int64).reshape(self.groups, self.bins).clone()
+        def loaded(name: str, *shape: int) -> torch.Tensor:
+            return torch.as_tensor(state[name], dtype=torch.int64, device=self.device).reshape(shape).clone()
+
+        self.counts = loaded("counts", self.groups, self.bins)
         for name in ("low_index", "high_index", "exponent"):
-            setattr(self, name, torch.as_tensor(state[name], dtype=torch.int64).reshape(self.groups).clone())
+            setattr(self, name, loaded(name, self.groups))
 
 
 def kl_divergences(counts: torch.Tensor, levels: int) -> torch.Tensor:
@@ -378,8 +392,8 @@ def kl_divergences(counts: torch.Tensor, levels: int) -> torch.Tensor:
     """
     histogram = counts.to(torch.float64)
     groups, bins = histogram.shape
-    cut = torch.arange(levels, bins + 1)  # [cuts]
-    level = torch.arange(levels)
+    cut = torch.arange(levels, bins + 1, device=counts.device)  # [cuts]
+    level = torch.arange(levels, device=counts.device)
     run_start = (level * cut.unsqueeze(1)) // levels  # [cuts, levels]
     run_end = ((level + 1) * cut.unsqueeze(1)) // levels
 

@@ -56,6 +56,7 @@ def calibrated_spec(observer: Observer, fmt: str | FormatSpec, **overrides: Any)
     if not isinstance(observer, Observer):
         raise ConfigError(f"calibrated_spec needs a lowbit.calibrate observer, got {type(observer).__name__}")
     spec = check_calibratable(fmt, **overrides)
+    observer.require_values("a calibrated spec's parameters are Python numbers")
     return _builder_for(spec)(observer, spec)
 
 
@@ -171,7 +172,10 @@ def _ternary(observer: Observer, spec: Ternary) -> FormatSpec:
     axis = _given_axis(observer, spec)
     magnitudes = _magnitudes(observer, spec, "mean |x| over the elements beyond the threshold delta")
     delta = spec.fixed_threshold
-    delta = TWN_FACTOR * magnitudes.mean_abs() if delta is None else torch.tensor(delta, dtype=torch.float32)
+    if delta is None:
+        delta = TWN_FACTOR * magnitudes.mean_abs()
+    else:  # on the statistics' device, as alpha below
+        delta = torch.full((), delta, dtype=torch.float32, device=magnitudes.histogram.device)
     alpha = magnitudes.mean_abs_above(delta)
     alpha = torch.where(alpha > 0, alpha, delta.expand_as(alpha))
     return spec.replace(scaling_factor=True, alpha=_alphas(alpha), axis=axis)

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from lowbit.errors import ConfigError, did_you_mean
+from lowbit.errors import ConfigError, FormatError, did_you_mean
 
 NA = "NA"
 _COMMON = {"dims": "all", "abs": False, "device": None}
@@ -49,6 +49,9 @@ def _normalise_dims(stat: str, dims: Any) -> str | tuple[int, ...] | None:
 
 def _plain(value: torch.Tensor) -> Any:
     """A Python float, or nested lists of floats, from a float tensor."""
+    if value.device.type == "meta":
+        raise FormatError("statistics cannot run on the meta device: compute() returns Python numbers; "
+                          "update() works there, compute() needs the CPU or a GPU")  # fmt: skip
     return value.item() if value.ndim == 0 else value.tolist()
 
 
@@ -292,7 +295,7 @@ class RangeQuantile(Stat):
         kept = [i for i in range(x.ndim) if i not in reduce]
         columns = x.permute(*kept, *reduce).reshape(-1, math.prod(x.shape[i] for i in reduce))  # [results, values]
         if self.sketch is None:
-            self.sketch = GroupedQuantileSketch(self.relative_error, groups=columns.shape[0])
+            self.sketch = GroupedQuantileSketch(self.relative_error, groups=columns.shape[0], device=columns.device)
         self.sketch.update_groups(columns)
 
     def compute(self) -> dict[str, Any]:

@@ -216,5 +216,5 @@ class BinaryResidual(FormatSpec):
             index = sum((x >= midpoint).to(torch.int64) for midpoint in midpoints.unbind())
         else:
             index = torch.bucketize(x, midpoints, right=True)
-        out = values[index]
+        out = values.take(index)  # not values[index]: a 0-d index tensor would be read back as a Python int
         return torch.where(torch.isnan(x), x, out)

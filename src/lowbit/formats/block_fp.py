@@ -26,6 +26,7 @@ exponent if it holds an inf, so that a lone inf saturates to the format's max as
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -43,8 +44,9 @@ _EXPONENT_LIMIT = 1000
 
 def dtype_max_exponent(dtype: torch.dtype) -> int:
     """Largest e such that 2^e * (2 - tiny) is still finite in ``dtype`` (127 for float32)."""
-    _, exponent = torch.frexp(torch.tensor(torch.finfo(dtype).max, dtype=dtype))  # max = m * 2^exponent
-    return int(exponent) - 1
+    # Python's frexp: every dtype's max is exact in a double, and no tensor is made on any device.
+    _, exponent = math.frexp(torch.finfo(dtype).max)  # max = m * 2^exponent
+    return exponent - 1
 
 
 def shared_exponent(

@@ -213,8 +213,10 @@ class _MXFormat(FormatSpec):
 
     def _block_limit(self, exponent, min_exponent, dtype: torch.dtype, dtype_max: float) -> torch.Tensor:
         """2^s * element max, or the largest block value <= dtype_max when that one is not finite there."""
-        element_max = torch.ldexp(torch.full(exponent.shape, self.element.max_value, dtype=dtype), exponent)
-        largest = torch.full(exponent.shape, dtype_max, dtype=dtype)  # inf above stays capped by "down"
+        device = exponent.device  # the block's device: no CPU constants next to CUDA / meta data
+        element_max = torch.full(exponent.shape, self.element.max_value, dtype=dtype, device=device)
+        element_max = torch.ldexp(element_max, exponent)
+        largest = torch.full(exponent.shape, dtype_max, dtype=dtype, device=device)  # inf above stays capped by "down"
         return round_to_float_grid(largest, self.element.mantissa_bits, min_exponent, element_max, "down")
 
     def block_exponents(self, x: torch.Tensor) -> torch.Tensor:

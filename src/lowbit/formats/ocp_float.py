@@ -229,7 +229,7 @@ class _OcpFloat(FormatSpec):
         """The scale of every block of ``x`` (one entry per block, float32 / float64); ones when unscaled."""
         work = x.detach() if x.dtype in (torch.float32, torch.float64) else x.detach().float()
         if not self.is_scaled or work.numel() == 0:
-            return torch.ones((1,) * work.dim(), dtype=work.dtype)
+            return torch.ones((1,) * work.dim(), dtype=work.dtype, device=work.device)
         if self.scale is not None:  # per tensor ([1, 1, ...]) or per channel ([1, C, 1, ...])
             block = block_shape(work.shape, None, self.axis)
             return self.given_scale(work).expand([-(-d // b) for d, b in zip(work.shape, block)]).clone()

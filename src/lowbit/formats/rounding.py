@@ -134,15 +134,28 @@ def round_to_integer(
 
 
 def make_generator(seed: int | None, generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
-    """The generator stochastic rounding draws from: the given one, a fresh one seeded by ``seed``, or None."""
+    """The generator stochastic rounding draws from: the given one, a fresh one seeded by ``seed`` on
+    ``device`` (the input's: torch draws only from a generator on the tensor's own device), or None.
+
+    On the meta device there is nothing to draw: a seed gives None (torch cannot make a meta generator) and
+    the draws keep only their shape, so stochastic formats run there like the others.
+    """
+    device = torch.device(device)
     if generator is not None:
         if seed is not None:
             raise FormatError("give either seed= or generator=, not both")
+        if device.type != "meta" and generator.device.type != device.type:
+            raise FormatError(
+                f"generator is on {generator.device} but the tensor is on {device}; stochastic rounding draws "
+                f"from a generator on the tensor's device (torch.Generator(device={str(device)!r}))"
+            )
         return generator
     if seed is None:
         return None
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise FormatError(f"seed must be an int, got {seed!r}")
+    if device.type == "meta":
+        return None
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     return gen

@@ -46,21 +46,30 @@ class GptqResult(NamedTuple):
 
 
 class HessianAccumulator:
-    """H = 2 / n * sum over input rows x of x x^T, accumulated batch by batch in float64 ([K, K] memory)."""
+    """H = 2 / n * sum over input rows x of x x^T, accumulated batch by batch in float64 ([K, K] memory).
 
-    def __init__(self, in_features: int) -> None:
-        self.sum = torch.zeros(in_features, in_features, dtype=torch.float64)
-        self.rows = 0
+    H lives on ``device`` (give the weight's: GPTQ works there), or on the first batch's device when none
+    is given; later batches are moved to it.
+    """
+
+    def __init__(self, in_features: int, device: torch.device | str | None = None) -> None:
+        self.in_features, self.rows = in_features, 0
+        self.sum = None if device is None else self._zeros(device)
+
+    def _zeros(self, device) -> torch.Tensor:
+        return torch.zeros(self.in_features, self.in_features, dtype=torch.float64, device=device)
 
     def add(self, inputs: torch.Tensor) -> None:
-        rows = inputs.detach().reshape(-1, inputs.shape[-1]).to(torch.float64)  # [M, K]
+        if self.sum is None:
+            self.sum = self._zeros(inputs.device)
+        rows = inputs.detach().reshape(-1, inputs.shape[-1]).to(self.sum.device, torch.float64)  # [M, K]
         if rows.shape[1] != self.sum.shape[0]:
             raise FormatError(f"inputs have {rows.shape[1]} features, the Hessian {self.sum.shape[0]}")
         self.sum.addmm_(rows.t(), rows)
         self.rows += rows.shape[0]
 
     def hessian(self) -> torch.Tensor:
-        if self.rows == 0:
+        if self.rows == 0 or self.sum is None:
             raise ConfigError("no calibration rows reached this layer: GPTQ needs its inputs")
         return self.sum * (2.0 / self.rows)
 
@@ -77,13 +86,14 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int =
     hessian[dead, dead] = 1.0
     weight[:, dead] = 0.0
     importance = torch.diagonal(hessian).float()
-    order = torch.argsort(importance, descending=True, stable=True) if act_order else torch.arange(k)
+    device = weight.device  # every table below lives with the weight (and the Hessian, moved there)
+    order = torch.argsort(importance, descending=True, stable=True) if act_order else torch.arange(k, device=device)
     upper = _inverse_cholesky(hessian[order][:, order], damping).float()  # [K, K], in rounding order
     grid = _Grid(group_size, scale_dtype, search, importance, n, k)
     if act_order:  # static groups: every group's range from the weight before any update
         grid.choose_all(weight)
     work = weight[:, order]  # [N, K] in rounding order
-    codes = torch.zeros(n, k)
+    codes = torch.zeros(n, k, device=device)
     step = max(group_size, block_size // group_size * group_size)  # blocks hold whole groups
     for start in range(0, k, step):
         end = min(k, start + step)
@@ -98,8 +108,8 @@ class _Grid:
 
     def __init__(self, group_size: int, scale_dtype, search: bool, importance: torch.Tensor, n: int, k: int) -> None:
         self.group_size, self.scale_dtype, self.search, self.importance = group_size, scale_dtype, search, importance
-        self.scale = torch.ones(n, k // group_size)
-        self.zero_point = torch.zeros(n, k // group_size)
+        self.scale = torch.ones(n, k // group_size, device=importance.device)
+        self.zero_point = torch.zeros(n, k // group_size, device=importance.device)
 
     def choose_all(self, weight: torch.Tensor) -> None:
         _, scale, zero_point = quantize_groups(weight, self.group_size, self.scale_dtype, self.search, self.importance)
@@ -144,13 +154,16 @@ def _checked(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, dampi
         raise ConfigError(f"damping={damping!r} must be a positive number (a fraction of the mean diagonal of H)")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ConfigError(f"block_size={block_size!r} must be a positive int")
+    if weight.device.type == "meta":
+        raise FormatError("GPTQ cannot run on the meta device: it checks the weight's values, factorises the "
+                          "Hessian and picks group ranges from the data; run it on the CPU or a GPU")  # fmt: skip
     weight = weight.detach().float()
     if not bool(torch.isfinite(weight).all()):
         raise FormatError("the weight has NaN or inf values; it cannot be quantized")
     if not isinstance(hessian, torch.Tensor) or tuple(hessian.shape) != (k, k):
         raise FormatError(f"the Hessian must be [{k}, {k}] for a weight with {k} inputs, "
                           f"got {tuple(getattr(hessian, 'shape', ()))}")  # fmt: skip
-    hessian = hessian.detach().double()
+    hessian = hessian.detach().to(weight.device, torch.float64)  # H from anywhere: the work runs on the weight's device
     if not bool(torch.isfinite(hessian).all()):
         raise FormatError("the Hessian has NaN or inf values (NaN or inf in the calibration inputs?)")
     if bool((torch.diagonal(hessian) < 0).any()):
@@ -162,7 +175,7 @@ def _inverse_cholesky(hessian: torch.Tensor, damping: float) -> torch.Tensor:
     """Upper Cholesky factor U of (H + d I)^-1 (U^T U = (H + d I)^-1), d = damping * mean diag(H); d grows
     tenfold until H + d I factorises (a Hessian from few rows is only positive semi-definite)."""
     mean_diagonal = float(torch.diagonal(hessian).mean())
-    identity = torch.eye(hessian.shape[0], dtype=hessian.dtype)
+    identity = torch.eye(hessian.shape[0], dtype=hessian.dtype, device=hessian.device)
     for attempt in range(MAX_DAMPING_TRIES):
         damped = hessian + (damping * 10**attempt * mean_diagonal) * identity
         lower, info = torch.linalg.cholesky_ex(damped)
@@ -224,7 +237,7 @@ def _next_stage(root, pending: dict[str, nn.Module], batches: list, run_batch, r
                     first["names"].append(name)
             if name in first["names"]:  # only this stage's layers pay for an H
                 if name not in accumulators:
-                    accumulators[name] = HessianAccumulator(module.in_features)
+                    accumulators[name] = HessianAccumulator(module.in_features, module.weight.device)
                 accumulators[name].add(_kept_rows(inputs[0], first["mask"]))
 
         return hook

@@ -51,18 +51,24 @@ def encode(
     with torch.no_grad():
         values = spec._quantize_for(work, gen, x.dtype)  # what spec.quantize computes, before the final cast
         encoded = codec.encode(spec, work, values)
-        _check_code_range(spec, codec.code_bits(spec), codec.code_signed(spec), encoded.codes)
         result = QTensor(encoded.codes, encoded.params, spec, x.dtype, values.dtype, encoded.block, None, storage)
-        decoded = result.decode_compute()
-        flipped = (values == 0) & (torch.signbit(values) != torch.signbit(decoded))
-        if bool(flipped.any()):
-            if signed_zero:
-                result.zero_sign = flipped
-                decoded = torch.where(flipped, -decoded, decoded)
-            else:
-                values = torch.where(flipped, -values, values)
-        _check_exact(spec, values, decoded)
+        if x.device.type != "meta":  # meta tensors carry shapes only: no values to check or signs to record
+            _check_code_range(spec, codec.code_bits(spec), codec.code_signed(spec), encoded.codes)
+            _record_zero_signs_and_check(spec, result, values, signed_zero)
     return result
+
+
+def _record_zero_signs_and_check(spec: FormatSpec, result: QTensor, values: torch.Tensor, signed_zero: bool) -> None:
+    """Keep the sign of zeros the codes lose (or drop it, ``signed_zero=False``), then check the decode."""
+    decoded = result.decode_compute()
+    flipped = (values == 0) & (torch.signbit(values) != torch.signbit(decoded))
+    if bool(flipped.any()):
+        if signed_zero:
+            result.zero_sign = flipped
+            decoded = torch.where(flipped, -decoded, decoded)
+        else:
+            values = torch.where(flipped, -values, values)
+    _check_exact(spec, values, decoded)
 
 
 def _check_code_range(spec: FormatSpec, bits: int, signed: bool, codes: torch.Tensor) -> None:
