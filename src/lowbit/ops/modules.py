@@ -232,12 +232,12 @@ class _Int8WeightLinear(RealQuantLinear):
         dtype = torch.float32 if self.weight_codes.device.type == "cpu" else torch.float64
         return self.derived("float_weight_t", lambda: self.weight_codes.t().to(dtype).contiguous())
 
-    def _float_sums(self, codes: torch.Tensor, zero_point: int = 0, max_code: int = 127) -> torch.Tensor:
+    def _float_sums(self, codes: torch.Tensor, zero_point: torch.Tensor | None = None, max_code: int = 127) -> torch.Tensor:
         """Exact int32 sums of integer codes [M, K] (minus ``zero_point``) times the weight codes, through float
         matmuls (:func:`kernels.float_codes_mm`): the route for machines without fast integer kernels."""
         weight_t = self._float_weight_t()
         centred = codes.to(weight_t.dtype)
-        centred = centred if zero_point == 0 else centred.sub_(zero_point)
+        centred = centred if zero_point is None else centred.sub_(zero_point.to(centred.dtype))
         if weight_t.dtype == torch.float64:
             return (centred @ weight_t).to(torch.int32)
         return kernels.float_codes_mm(centred, weight_t, max_code * 127)
@@ -375,7 +375,7 @@ class Int8DynamicLinear(_Int8WeightLinear):
             zero = torch.zeros((), dtype=torch.int32, device=rows.device)
             acc = accumulate_int_mm(codes, zero_point, self.weight_codes, zero)
         else:  # float_codes (and the CPU-only paths a per-tensor module does not have)
-            acc = self._float_sums(codes, int(zero_point), 255)
+            acc = self._float_sums(codes, zero_point, 255)
         return self._add_bias(acc.float().mul_(scale * self.weight_scale))
 
 
@@ -428,7 +428,7 @@ class W8A8StaticLinear(_Int8WeightLinear):
                 zero = torch.zeros((), dtype=torch.int32, device=rows.device)
                 acc = accumulate_int_mm(codes, self.input_zero_point, self.weight_codes, zero)
             else:
-                acc = self._float_sums(codes, int(self.input_zero_point), 255)
+                acc = self._float_sums(codes, self.input_zero_point, 255)
             return self._add_bias(acc.float().mul_(self.input_scale * self.weight_scale))
         zero_point = int(self.input_zero_point) + (128 if self.act_signed else 0)  # fbgemm takes uint8 codes
         return kernels.fbgemm_linear(rows, float(self.input_scale), zero_point, self._packed_with_bias())

@@ -63,6 +63,8 @@ def check_scale(scale: torch.Tensor, name: str = "scale") -> None:
     """FormatError unless every scale is finite and > 0."""
     if scale.numel() == 0:
         raise FormatError(f"{name} is empty")
+    if scale.device.type == "meta":  # shapes and devices only: there are no values to check
+        return
     bad = ~(torch.isfinite(scale) & (scale > 0))
     if bool(bad.any()):
         first = scale.reshape(-1)[bad.reshape(-1)][0].item()
@@ -75,10 +77,10 @@ def broadcast_qparams(x: torch.Tensor, scale, zero_point=0, *, axis: int | None 
     scale = _as_tensor(scale, "scale", torch.float32, x.device)
     zero_point = _as_tensor(zero_point, "zero_point", torch.float64, x.device)
     check_scale(scale)
-    if not bool((zero_point == zero_point.round()).all()):
+    if zero_point.device.type != "meta" and not bool((zero_point == zero_point.round()).all()):
         raise FormatError("zero_point must hold integers")
     zero_point = zero_point.to(torch.int32)
-    if qrange is not None and bool(((zero_point < qrange[0]) | (zero_point > qrange[1])).any()):
+    if qrange is not None and zero_point.device.type != "meta" and bool(((zero_point < qrange[0]) | (zero_point > qrange[1])).any()):
         raise FormatError(f"zero_point must lie in the code range [{qrange[0]}, {qrange[1]}]")
     if group_size is not None:
         return QParams(*(_expand_groups(x, p, group_size, name) for p, name in ((scale, "scale"), (zero_point, "zero_point"))))
