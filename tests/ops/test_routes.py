@@ -113,10 +113,12 @@ def test_auto_is_exact_under_every_class(cpu_class):
         x = torch.randn(rows, 128)
         with capabilities.injected(cpu_class):
             path = module.choose_path(x)
-            if not routes.runs_exactly(path, CPU):  # e.g. AMX's oneDNN route on a build without it
-                continue
-            got = module(x)
-        assert torch.allclose(got, module.forward_reference(x), rtol=1e-5, atol=1e-5), path
+        if not routes.runs_exactly(path, CPU):  # the class's route is not exact on the CPU at hand
+            continue
+        module.path = path
+        assert torch.allclose(module(x), module.forward_reference(x), rtol=1e-5, atol=1e-5), path
+        module.path = "auto"
+        assert torch.allclose(module(x), module.forward_reference(x), rtol=1e-5, atol=1e-5)
 
 
 def test_forced_inexact_path_raises_and_slow_path_warns(monkeypatch):

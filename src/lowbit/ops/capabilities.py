@@ -7,8 +7,9 @@ written on could do. A probe is a measurement on the machine at hand:
 - ``fbgemm_exact``: fbgemm's int8 linear gives exact integer sums for full 8-bit codes (VNNI; without it the
   AVX2 kernel adds pairs of u8 x s8 products in saturating int16 and gets them wrong);
 - ``fbgemm_half_exact``: the same for activation codes of at most 7 bits (0..128), which cannot saturate;
-- ``int_mm_fast``: ``torch._int_mm`` runs here and is faster than a float32 matmul of the same shape
-  (on CPU it needs oneDNN with VNNI or AMX; elsewhere torch runs a scalar loop 20-40x slower than float32);
+- ``int_mm_exact``: ``torch._int_mm`` gives exact sums on worst-case pairs of products;
+- ``int_mm_fast``: ``torch._int_mm`` is exact and faster than a float32 matmul of the same shape (on CPU
+  it needs oneDNN with VNNI or AMX; elsewhere torch runs a scalar loop 20-40x slower than float32);
 - ``int4pack`` / ``int8pack``: the bfloat16 weight-only kernels run and are exact;
 - ``bfloat16_fast``: bfloat16 matmuls run in hardware (AVX512-BF16 / AMX-BF16 flags, or a GPU);
 - ``onednn_linear_exact``: oneDNN's quantized linear gives exact sums.
@@ -34,13 +35,17 @@ CPU_CLASSES = ("amx", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx512", "avx2"
 # Flags and probe outcomes each CPU class shows (measured on the four classes this project has run on).
 CLASS_PRESETS: dict[str, tuple[frozenset[str], dict[str, bool]]] = {
     "amx": (frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"}),
-            {"fbgemm_exact": True, "fbgemm_half_exact": True, "int_mm_fast": True, "bfloat16_fast": True}),
+            {"fbgemm_exact": True, "fbgemm_half_exact": True, "int_mm_exact": True, "int_mm_fast": True, "bfloat16_fast": True,
+             "onednn_linear_exact": True, "onednn_conv_exact": True}),
     "avx512_bf16": (frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}),
-                    {"fbgemm_exact": True, "fbgemm_half_exact": True, "int_mm_fast": True, "bfloat16_fast": True}),
+                    {"fbgemm_exact": True, "fbgemm_half_exact": True, "int_mm_exact": True, "int_mm_fast": True, "bfloat16_fast": True,
+                    "onednn_linear_exact": True, "onednn_conv_exact": True}),
     "avx512_vnni": (frozenset({"avx2", "avx512f", "avx512_vnni"}),
-                    {"fbgemm_exact": True, "fbgemm_half_exact": True, "int_mm_fast": True, "bfloat16_fast": False}),
+                    {"fbgemm_exact": True, "fbgemm_half_exact": True, "int_mm_exact": True, "int_mm_fast": True, "bfloat16_fast": False,
+                    "onednn_linear_exact": True, "onednn_conv_exact": True}),
     "avx2": (frozenset({"avx2", "fma"}),
-             {"fbgemm_exact": False, "fbgemm_half_exact": True, "int_mm_fast": False, "bfloat16_fast": False}),
+             {"fbgemm_exact": False, "fbgemm_half_exact": True, "int_mm_exact": True, "int_mm_fast": False, "bfloat16_fast": False,
+             "onednn_linear_exact": False, "onednn_conv_exact": False}),
 }  # fmt: skip
 
 
@@ -135,7 +140,7 @@ def register_probe(name: str):
 
 
 _probe_cache: dict[tuple[str, str], bool] = {}
-_probe_lock = threading.Lock()
+_probe_lock = threading.RLock()  # a probe may ask another probe
 
 
 def probe(name: str, device: torch.device | str = "cpu") -> bool:
@@ -173,6 +178,20 @@ def best_seconds(function: Callable[[], object], rounds: int = 7) -> float:
     return best
 
 
+@register_probe("int_mm_exact")
+def _int_mm_exact(device: torch.device) -> bool:
+    """``torch._int_mm`` gives exact int32 sums on the worst cases for pairs of products (oneDNN held to
+    AVX2 by ONEDNN_MAX_CPU_ISA on a VNNI CPU saturates them in int16, measured)."""
+    a = torch.full((32, 64), 127, dtype=torch.int8)
+    a[1] = -128
+    a[2, 1::2] = -128
+    b = torch.full((64, 32), 127, dtype=torch.int8)
+    b[:, 1] = -128
+    b[1::2, 2] = -128
+    got = torch._int_mm(a.to(device), b.to(device)).long().cpu()
+    return bool(torch.equal(got, a.long() @ b.long()))
+
+
 @register_probe("int_mm_fast")
 def _int_mm_fast(device: torch.device) -> bool:
     """``torch._int_mm`` exact on a small case and, on CPU, faster than a float32 matmul of 256 x 512 x 512:
@@ -181,7 +200,7 @@ def _int_mm_fast(device: torch.device) -> bool:
     generator = torch.Generator().manual_seed(0)
     a = torch.randint(-128, 128, (32, 64), generator=generator, dtype=torch.int16).to(torch.int8).to(device)
     b = torch.randint(-128, 128, (64, 32), generator=generator, dtype=torch.int16).to(torch.int8).to(device)
-    if not torch.equal(torch._int_mm(a, b).long().cpu(), a.long().cpu() @ b.long().cpu()):
+    if not probe("int_mm_exact", device) or not torch.equal(torch._int_mm(a, b).long().cpu(), a.long().cpu() @ b.long().cpu()):
         return False
     if device.type != "cpu":
         return device.type == "cuda"

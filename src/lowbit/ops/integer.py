@@ -24,6 +24,7 @@ from typing import NamedTuple
 import torch
 
 from lowbit.errors import FormatError
+from lowbit.ops import capabilities
 from lowbit.ops.quant import CODE_RANGES, broadcast_qparams, check_scale
 
 PATHS = ("auto", "reference", "int_mm")
@@ -80,10 +81,14 @@ def accumulate_int_mm(x: torch.Tensor, x_zp: torch.Tensor, w: torch.Tensor, w_zp
 
 
 def accumulate(x: torch.Tensor, x_zp: torch.Tensor, w: torch.Tensor, w_zp: torch.Tensor, path: str = "auto") -> torch.Tensor:
-    """Exact int64 accumulator [M, N] by ``path``: "reference", "int_mm", or "auto" (int_mm where it can run)."""
+    """Exact int64 accumulator [M, N] by ``path``: "reference", "int_mm", or "auto" (int_mm where it fits and
+    its probes say it is exact and fast on this device, see :mod:`lowbit.ops.capabilities`)."""
     if path not in PATHS:
         raise FormatError(f"path={path!r} is not a path; legal: {', '.join(PATHS)}")
-    if path == "reference" or (path == "auto" and not _int_mm_fits(x, w)):
+    if path == "int_mm" and not capabilities.probe("int_mm_exact", x.device):
+        raise FormatError(f"path='int_mm' is not exact on this machine ({capabilities.machine(x.device).name}: "
+                          "torch._int_mm saturates sums of products); use path='auto'")  # fmt: skip
+    if path == "reference" or (path == "auto" and not (_int_mm_fits(x, w) and capabilities.probe("int_mm_fast", x.device))):
         return accumulate_reference(x, x_zp, w, w_zp)
     try:
         return accumulate_int_mm(x, x_zp, w, w_zp)

@@ -33,7 +33,7 @@ from lowbit.ops.kernels import PAIRS_MAX_K
 
 CPU_ONLY = ("fbgemm", "fbgemm_pairs", "onednn", "int4pack", "int8pack")
 EXACTNESS = {"fbgemm_pairs": "fbgemm_half_exact", "onednn": "onednn_linear_exact", "int4pack": "int4pack",
-             "int8pack": "int8pack"}  # fmt: skip
+             "int8pack": "int8pack", "int_mm": "int_mm_exact", "compiled": "int_mm_exact"}  # fmt: skip
 SPEED = {"int_mm": "int_mm_fast", "compiled": "int_mm_fast", "dequantize_bf16": "bfloat16_fast"}
 COMPILED_MIN_ROWS = 64  # measured crossover: below it fbgemm's prepacked kernel wins (docs/real-execution.md)
 _warned: set[tuple[str, str, str]] = set()
