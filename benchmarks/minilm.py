@@ -123,6 +123,11 @@ def main() -> None:
         gptq = lowbit.quantize_model(copy.deepcopy(model), "int4_weight_only", group_size=32, calibration_data=batches,
                                      method="gptq")[0]  # fmt: skip
         built["lowbit int4_weight_only g32 gptq"] = (gptq, torch.float32)
+        gptq_bf16 = copy.deepcopy(gptq)
+        for module in gptq_bf16.modules():
+            if hasattr(module, "compute_dtype"):
+                module.compute_dtype = "bf16"
+        built["lowbit int4_weight_only g32 gptq, bf16 compute"] = (gptq_bf16, torch.float32)
     batch = tokenizer(sentences[:32], padding=True, return_tensors="pt")
     fp32_bytes = linear_weight_bytes(model, linear_names)
     rows, methods = {}, {"fp32": lambda: model(**batch)}
