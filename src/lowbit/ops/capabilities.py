@@ -12,7 +12,8 @@ written on could do. A probe is a measurement on the machine at hand:
   it needs oneDNN with VNNI or AMX; elsewhere torch runs a scalar loop 20-40x slower than float32);
 - ``int4pack`` / ``int8pack``: the bfloat16 weight-only kernels run and are exact;
 - ``bfloat16_fast``: bfloat16 matmuls run in hardware (AVX512-BF16 / AMX-BF16 flags, or a GPU);
-- ``onednn_linear_exact``: oneDNN's quantized linear gives exact sums.
+- ``onednn_linear_exact``: oneDNN's quantized linear gives exact sums; ``onednn_linear_fast``: and it is
+  measured faster than ``torch._int_mm`` (AMX tiles).
 
 Tests replace the flags and probe outcomes with :func:`injected` (a whole CPU class at once, on one
 machine), so the decision tables are tested for every class wherever the suite runs.
@@ -36,16 +37,16 @@ CPU_CLASSES = ("amx", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx512", "avx2"
 CLASS_PRESETS: dict[str, tuple[frozenset[str], dict[str, bool]]] = {
     "amx": (frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"}),
             {"fbgemm_exact": True, "fbgemm_half_exact": True, "int_mm_exact": True, "int_mm_fast": True, "bfloat16_fast": True,
-             "onednn_linear_exact": True, "onednn_conv_exact": True}),
+             "onednn_linear_exact": True, "onednn_linear_fast": True, "onednn_conv_exact": True}),
     "avx512_bf16": (frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}),
                     {"fbgemm_exact": True, "fbgemm_half_exact": True, "int_mm_exact": True, "int_mm_fast": True, "bfloat16_fast": True,
-                    "onednn_linear_exact": True, "onednn_conv_exact": True}),
+                    "onednn_linear_exact": True, "onednn_linear_fast": False, "onednn_conv_exact": True}),
     "avx512_vnni": (frozenset({"avx2", "avx512f", "avx512_vnni"}),
                     {"fbgemm_exact": True, "fbgemm_half_exact": True, "int_mm_exact": True, "int_mm_fast": True, "bfloat16_fast": False,
-                    "onednn_linear_exact": True, "onednn_conv_exact": True}),
+                    "onednn_linear_exact": True, "onednn_linear_fast": False, "onednn_conv_exact": True}),
     "avx2": (frozenset({"avx2", "fma"}),
              {"fbgemm_exact": False, "fbgemm_half_exact": True, "int_mm_exact": True, "int_mm_fast": False, "bfloat16_fast": False,
-             "onednn_linear_exact": False, "onednn_conv_exact": False}),
+             "onednn_linear_exact": False, "onednn_linear_fast": False, "onednn_conv_exact": False}),
 }  # fmt: skip
 
 

@@ -186,6 +186,20 @@ def _unit_scales(n: int, device: torch.device) -> torch.Tensor:
         return torch.ones(n, device=device)
 
 
+@capabilities.register_probe("onednn_linear_fast")
+def _onednn_linear_fast(device: torch.device) -> bool:
+    """oneDNN's int8 linear (with AMX tiles where the CPU has them) at least 10 % faster than ``torch._int_mm``
+    on 512 x 1024 x 1024 codes, best of 7 each (measured on the machine at hand: on AVX-512 VNNI they tie)."""
+    if device.type != "cpu" or not capabilities.probe("onednn_linear_exact", device):
+        return False
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(-127, 128, (512, 1024), generator=generator, dtype=torch.int16).to(torch.int8)
+    weight = torch.randint(-127, 128, (1024, 1024), generator=generator, dtype=torch.int16).to(torch.int8)
+    packed, weight_t = onednn_pack(weight), weight.t().contiguous()
+    onednn = capabilities.best_seconds(lambda: onednn_sums(codes, packed, 1024))
+    return onednn * 1.1 < capabilities.best_seconds(lambda: torch._int_mm(codes, weight_t))
+
+
 @capabilities.register_probe("onednn_linear_exact")
 def _onednn_linear_exact(device: torch.device) -> bool:
     if device.type != "cpu":

@@ -338,7 +338,8 @@ class Int8DynamicLinear(_Int8WeightLinear):
     def _sums_path(self, rows: torch.Tensor, path: str) -> torch.Tensor:
         """Row codes, exact int32 sums by ``path``, rescaling. "compiled" runs the first and last steps as
         compiled kernels (one per (K, symmetric) and (N, symmetric, bias)), bit-identical to eager."""
-        symmetric, sums, fused = self.act_symmetric, None if self.act_symmetric else self._weight_sums(), path == "compiled"
+        symmetric, sums = self.act_symmetric, None if self.act_symmetric else self._weight_sums()
+        fused = path == "compiled" or (path == "onednn" and backend.compiling_allowed(rows.numel(), auto_min_elements=0))
         if fused:
             quantize_key = ("token_quantize", symmetric, self.q_max, self.in_features)
             codes, scale, offset = backend.run_fused(quantize_key, kernels.token_quantize, rows, symmetric, self.q_max)
@@ -348,7 +349,7 @@ class Int8DynamicLinear(_Int8WeightLinear):
         arguments = (acc, scale, self.weight_scale, offset, sums, self.bias)
         if not fused:
             return kernels.token_rescale(*arguments)
-        rescale_key = ("token_rescale", symmetric, self.bias is None, self.out_features)
+        rescale_key = ("token_rescale", symmetric, self.bias is None, self.out_features, acc.dtype)
         return backend.run_fused(rescale_key, kernels.token_rescale, *arguments)
 
     def _token_sums(self, codes: torch.Tensor, path: str) -> torch.Tensor:
