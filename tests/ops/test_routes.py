@@ -132,6 +132,10 @@ def test_forced_inexact_path_raises_and_slow_path_warns(monkeypatch):
         module.path = "int_mm"
         with pytest.warns(UserWarning, match="slow on this machine"):
             module(x)
+    tensor_module = _module(act_symmetric=False, act_granularity="tensor")
+    tensor_module.path = "fbgemm_pairs"
+    with pytest.raises(ConfigError, match="per-token path"):
+        tensor_module(x)
     module.path = "onednn"
     with pytest.raises(ConfigError, match="CPU only"):
         module.to("meta")(torch.randn(4, 96, device="meta"))

@@ -369,13 +369,16 @@ class Int8DynamicLinear(_Int8WeightLinear):
         return self._add_bias(out)
 
     def _tensor_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
+        if path in ("fbgemm_pairs", "onednn"):
+            raise ConfigError(f"Int8DynamicLinear.path={path!r} is a per-token path; act_granularity='tensor' "
+                              "takes 'fbgemm', 'int_mm', 'float_codes' or 'reference'")  # fmt: skip
         if path == "fbgemm":
             return kernels.fbgemm_dynamic_linear(rows, self._packed_with_bias())
         codes, scale, zero_point = self._tensor_codes(rows)
         if path in ("int_mm", "compiled"):
             zero = torch.zeros((), dtype=torch.int32, device=rows.device)
             acc = accumulate_int_mm(codes, zero_point, self.weight_codes, zero)
-        else:  # float_codes (and the CPU-only paths a per-tensor module does not have)
+        else:  # float_codes
             acc = self._float_sums(codes, zero_point, 255)
         return self._add_bias(acc.float().mul_(scale * self.weight_scale))
 
