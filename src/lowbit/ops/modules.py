@@ -274,6 +274,8 @@ class Int8DynamicLinear(_Int8WeightLinear):
         if act_bits not in (7, 8) or isinstance(act_bits, bool) or (act_bits == 7 and act_granularity == "tensor"):
             raise ConfigError(f"act_bits={act_bits!r}; legal: 8, or 7 with act_granularity='token'")
         self.act_symmetric, self.act_granularity, self.act_bits = act_symmetric, act_granularity, act_bits
+        if act_granularity == "tensor":  # the split and oneDNN routes are per token only
+            self.paths = tuple(path for path in self.paths if path not in ("fbgemm_pairs", "onednn"))
 
     def config(self) -> dict[str, Any]:
         config = {**super().config(), "act_symmetric": self.act_symmetric, "act_granularity": self.act_granularity}
@@ -369,9 +371,6 @@ class Int8DynamicLinear(_Int8WeightLinear):
         return self._add_bias(out)
 
     def _tensor_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
-        if path in ("fbgemm_pairs", "onednn"):
-            raise ConfigError(f"Int8DynamicLinear.path={path!r} is a per-token path; act_granularity='tensor' "
-                              "takes 'fbgemm', 'int_mm', 'float_codes' or 'reference'")  # fmt: skip
         if path == "fbgemm":
             return kernels.fbgemm_dynamic_linear(rows, self._packed_with_bias())
         codes, scale, zero_point = self._tensor_codes(rows)
