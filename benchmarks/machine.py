@@ -18,26 +18,16 @@ from collections.abc import Iterable
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
              "amx_tile", "amx_int8", "amx_bf16")  # fmt: skip
 
-# The classes ``cpu_class`` returns, least capable first (plus "x86 without AVX2" / "<arch> (not x86)").
-CPU_CLASSES = ("AVX2 (no VNNI)", "AVX2 + AVX-VNNI", "AVX-512 (no VNNI)", "AVX-512 VNNI", "AVX-512 VNNI + BF16", "AMX")
-
-
 def cpu_class(flags: Iterable[str], machine: str | None = None) -> str:
-    """The most capable class of ``CPU_CLASSES`` that the CPU flag names ``flags`` (as /proc/cpuinfo spells
-    them) qualify for. ``machine`` (``platform.machine()`` by default) only names non-x86 CPUs."""
+    """The readable name of the library's CPU class (``lowbit.ops.capabilities``) for the flag names ``flags``
+    (as /proc/cpuinfo spells them). ``machine`` (``platform.machine()`` by default) only names non-x86 CPUs."""
     present = set(flags)
     machine = machine or platform.machine()
     if not present & {"avx2", "sse2", "avx"} and machine.lower() not in ("x86_64", "amd64", "i386", "i686"):
         return f"{machine} (not x86)"
-    if present & {"amx_int8", "amx_bf16"} and "amx_tile" in present:
-        return "AMX"
-    if "avx512f" in present and "avx512_vnni" in present:
-        return "AVX-512 VNNI + BF16" if "avx512_bf16" in present else "AVX-512 VNNI"
-    if "avx512f" in present:
-        return "AVX-512 (no VNNI)"
-    if "avx2" in present:
-        return "AVX2 + AVX-VNNI" if "avx_vnni" in present else "AVX2 (no VNNI)"
-    return "x86 without AVX2"
+    from lowbit.ops.capabilities import CLASS_LABELS, Machine  # the library's own classes, with readable names
+
+    return CLASS_LABELS[Machine("cpu", frozenset(present)).cpu_class]
 
 
 def _cpuinfo() -> dict[str, str]:

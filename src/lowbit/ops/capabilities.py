@@ -32,6 +32,9 @@ from collections.abc import Callable, Iterator
 import torch
 
 CPU_CLASSES = ("amx", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx512", "avx2", "baseline")
+CLASS_LABELS = {"amx": "AMX", "avx512_bf16": "AVX-512 VNNI + BF16", "avx512_vnni": "AVX-512 VNNI",
+                "avx_vnni": "AVX2 + AVX-VNNI", "avx512": "AVX-512 (no VNNI)", "avx2": "AVX2 (no VNNI)",
+                "baseline": "x86 without AVX2"}  # fmt: skip
 
 # Flags and probe outcomes each CPU class shows (measured on the four classes this project has run on).
 CLASS_PRESETS: dict[str, tuple[frozenset[str], dict[str, bool]]] = {

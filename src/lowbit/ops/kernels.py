@@ -174,16 +174,16 @@ def onednn_sums(codes: torch.Tensor, packed, out_features: int) -> torch.Tensor:
     quantized linear (AMX tiles where the CPU has them): uint8 codes c + 128 with zero point 128 and unit
     scales, so the output is the exact int32 sum converted to float32 (the conversion ``acc.float()`` does)."""
     unsigned = (codes.to(torch.int16) + 128).to(torch.uint8)
-    ones = _unit_scales(out_features, codes.device)
-    zeros = torch.zeros(out_features, dtype=torch.long, device=codes.device)
+    ones, zeros = _unit_parameters(out_features, codes.device)
     return torch.ops.onednn.qlinear_pointwise(unsigned, 1.0, 128, packed, ones, zeros, None, 1.0, 0, torch.float32,
                                               "none", [None], "")  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)
-def _unit_scales(n: int, device: torch.device) -> torch.Tensor:
+def _unit_parameters(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit weight scales and zero weight zero points [n] (made once per size, not per call)."""
     with torch.inference_mode(False):
-        return torch.ones(n, device=device)
+        return torch.ones(n, device=device), torch.zeros(n, dtype=torch.long, device=device)
 
 
 @capabilities.register_probe("onednn_linear_fast")
