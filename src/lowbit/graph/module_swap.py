@@ -19,7 +19,7 @@ from lowbit.errors import ConfigError
 from lowbit.graph.mase_ops import _classify_module
 from lowbit.graph.quantize import replace_module
 from lowbit.graph.select import Selector
-from lowbit.nn.config import parse_node_config
+from lowbit.nn.config import NodeConfig, read_node_config
 from lowbit.nn.modules import MODULE_FOR_OP, QuantModule
 
 
@@ -30,19 +30,23 @@ def quantize_module_transform_pass(model: nn.Module, pass_args: dict[str, Any]) 
     candidates = swappable_modules(model)
     all_names = [name for name, _ in model.named_modules() if name]
     selector = Selector(pass_args, all_names, "module name of this model")
-    plan, skipped = [], []
+    plan, skipped, unused = [], [], {}
     for name, module, op in candidates:
         key, config = selector.config_for(op, name)
-        formats = parse_node_config(op, config, f"module {name!r} ({op}, config {key!r})") if config else None
-        if formats is None:
+        parsed = read_node_config(op, config, f"module {name!r} ({op}, config {key!r})",
+                                  shared=selector.is_shared(key)) if config else NodeConfig(None)  # fmt: skip
+        if parsed.unused:
+            unused[name] = parsed.unused
+        if parsed.formats is None:
             skipped.append(name)
         else:
-            plan.append((name, module, op, formats))
+            plan.append((name, module, op, parsed.formats))
     _check_named_modules_exist(selector, candidates)
     for name, module, op, formats in plan:
         replace_module(model, name, MODULE_FOR_OP[op].from_float(module, formats))
     counts = Counter(op for _, _, op, _ in plan)
-    return model, {"quantized": [name for name, *_ in plan], "skipped": skipped, "counts": dict(counts)}
+    return model, {"quantized": [name for name, *_ in plan], "skipped": skipped, "counts": dict(counts),
+                   "unused_keys": unused}  # fmt: skip
 
 
 def swappable_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:

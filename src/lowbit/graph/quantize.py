@@ -9,6 +9,10 @@ bad key fails with the node and the nearest valid key named and leaves the graph
 Modules are replaced by quantized copies (weights and biases copied exactly); function nodes keep their
 name, arguments and metadata and are retargeted to the quantized function with a ``config`` keyword.
 The caller's pass_args are never modified.
+
+A shared config (``default``, regex entries) gives each op the operand keys MASE's parser gives it; the keys
+an op did not use are listed per node in ``info["unused_keys"]`` and in the node's metadata
+(:data:`UNUSED_KEYS`), which the summary pass shows.
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ from lowbit.errors import ConfigError
 from lowbit.graph.mase_ops import classify
 from lowbit.graph.qgraph import QGraph
 from lowbit.graph.select import Selector
-from lowbit.nn.config import QUANTIZABLE_OPS, parse_node_config
+from lowbit.nn.config import QUANTIZABLE_OPS, read_node_config
 from lowbit.nn.functional import FUNCTION_FOR_OP, QUANT_FUNCTIONS
 from lowbit.nn.modules import MODULE_FOR_OP
 from lowbit.nn.roles import RoleFormats
 
 ORIGINAL_TARGET = "lowbit_original_target"  # node.meta key: the float function a node was retargeted from
+UNUSED_KEYS = "lowbit_unused_keys"  # node.meta key: {config key: why this node did not use it}
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class _Planned:
     node: fx.Node
     op: str
     formats: RoleFormats
+    unused: dict[str, str]
 
 
 def node_op(node: fx.Node, modules: dict[str, nn.Module]) -> str:
@@ -60,7 +66,9 @@ def quantize_transform_pass(graph: QGraph, pass_args: dict[str, Any]) -> tuple[Q
         _apply(graph, item, modules)
     graph.recompile()
     counts = Counter(item.op for item in plan)
-    return graph, {"quantized": [item.node.name for item in plan], "skipped": skipped, "counts": dict(counts)}
+    unused = {item.node.name: item.unused for item in plan if item.unused}
+    return graph, {"quantized": [item.node.name for item in plan], "skipped": skipped, "counts": dict(counts),
+                   "unused_keys": unused}  # fmt: skip
 
 
 def _plan(candidates: list[fx.Node], modules: dict[str, nn.Module], selector: Selector):
@@ -75,11 +83,11 @@ def _plan(candidates: list[fx.Node], modules: dict[str, nn.Module], selector: Se
             continue
         key, config = selector.config_for(op, node.name)
         where = f"node {node.name!r} ({op}, config {key!r})"
-        formats = parse_node_config(op, config, where) if config is not None else None
-        if formats is None:
+        parsed = read_node_config(op, config, where, shared=selector.is_shared(key)) if config is not None else None
+        if parsed is None or parsed.formats is None:
             skipped.append(node.name)
         else:
-            plan.append(_Planned(node, op, formats))
+            plan.append(_Planned(node, op, parsed.formats, parsed.unused))
     return plan, skipped
 
 
@@ -108,6 +116,7 @@ def _apply(graph: QGraph, item: _Planned, modules: dict[str, nn.Module]) -> None
             node.meta[ORIGINAL_TARGET] = node.target
         node.target = FUNCTION_FOR_OP[item.op]
         node.kwargs = {**node.kwargs, "config": item.formats.to_dict()}
+    node.meta[UNUSED_KEYS] = dict(item.unused)
     _record(node, item.formats)
 
 

@@ -3,16 +3,22 @@
 Shared by the graph pass (keys are mase_op names, fx node names or regexes over node names) and the
 module-swap pass (keys are mase_op names, qualified module names or regexes over them). pass_args are
 read, never changed; every problem is found before anything is rewritten.
+
+The ``default`` config and regex entries are *shared*: they reach ops of different kinds, so (as MASE's
+parser does) each op takes its own operand keys and the others are reported as unused, not refused. A
+by-type key that is a node name (MASE never uses it: its by-type lookup reads op names only) gives a
+:class:`~lowbit.nn.config.ConfigWarning`, not an error; a key that is neither an op nor a name is a typo.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lowbit.errors import ConfigError, did_you_mean
-from lowbit.nn.config import QUANTIZABLE_OPS, is_none
+from lowbit.nn.config import QUANTIZABLE_OPS, ConfigWarning, is_none
 
 BY_MODES = ("type", "name", "regex_name")
 # Top-level keys that are not selectors. "report" is accepted (MASE's TOML has it) and does nothing: the
@@ -41,9 +47,17 @@ class Selector:
         else:
             return
         for key in self.entries:
-            if key not in valid:
+            if self.by == "type" and key not in valid and _is_a_name(key, names):
+                warnings.warn(f"quantize by type: {key!r} is a {self.what.split(' of ')[0]}, not an op, so this config is "
+                              f"never used (MASE ignores it too); write by = \"name\" to configure that node",
+                              ConfigWarning, stacklevel=4)  # fmt: skip
+            elif key not in valid:
                 raise ConfigError(f"quantize by {self.by}: {key!r} is not a {kind}{did_you_mean(key, valid)}"
                                   + ("; quantizable ops: " + ", ".join(QUANTIZABLE_OPS) if self.by == "type" else ""))
+
+    def is_shared(self, key: str) -> bool:
+        """Whether the config found under ``key`` can reach ops of different kinds (default, regexes)."""
+        return key == "default" or self.by == "regex_name"
 
     def config_for(self, op: str, name: str) -> tuple[str, dict[str, Any] | None]:
         """(which key matched, its config) for a candidate; config None when nothing applies or "NA"."""
@@ -57,6 +71,11 @@ class Selector:
         if config is None or is_none(config.get("name")):
             return key, None
         return key, config
+
+
+def _is_a_name(key: str, names: list[str]) -> bool:
+    """``key`` names a node / module (module names also in MASE's node spelling, dots as underscores)."""
+    return key in names or key in {name.replace(".", "_") for name in names}
 
 
 def _check_by(pass_args: Mapping[str, Any]) -> str:
