@@ -46,7 +46,7 @@ def test_json_is_strict_and_round_trips(report, written):
     text = paths["json"].read_text()
     loaded = json.loads(text, parse_constant=_reject_constant)
     assert loaded["schema"] == "lowbit.report/1"
-    assert set(loaded) == {"schema", "summary", "layers", "sensitivity", "histogram_layers", "histograms"}
+    assert set(loaded) == {"schema", "header", "summary", "layers", "sensitivity", "histogram_layers", "histograms"}
     assert to_json(read_report(paths["json"])) == text
     assert read_report(paths["json"])["layers"][0]["sqnr_db"] == report["layers"][0]["sqnr_db"]
 

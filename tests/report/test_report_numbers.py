@@ -136,7 +136,9 @@ def test_accuracy_and_sensitivity_match_separately_quantized_models(mixed_graph,
     metrics = [entry["metric"] for entry in report["sensitivity"]]
     assert metrics == sorted(metrics)  # most sensitive first
     ranks = {row["name"]: row["sensitivity_rank"] for row in report["layers"]}
-    assert sorted(ranks.values()) == [1, 2, 3, 4]
+    # competition ranking: 1 + the number of layers strictly worse; equal accuracies share a rank
+    assert ranks == {name: 1 + sum(other < ranking[name] for other in ranking.values()) for name in PATHS}
+    assert [entry["rank"] for entry in report["sensitivity"]] == [ranks[e["layer"]] for e in report["sensitivity"]]
 
 
 def test_cosine_metric_without_labels(mixed_graph, toy_model, toy_batches):

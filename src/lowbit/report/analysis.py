@@ -2,13 +2,19 @@
 
 pass_args:
 
-- ``float_model`` (required): the float model, an ``nn.Module`` or a QGraph.
+- ``float_model`` (required): the float model, an ``nn.Module`` or a QGraph (for a model quantized in
+  place, a copy taken before quantizing).
 - ``inputs`` (required): input batches (tensors, dicts of keyword tensors, or (x, y) pairs whose x is used).
 - ``labels``: label batches aligned with ``inputs``; with them the task metric is top-1 accuracy.
 - ``metric``: "accuracy", "cosine" (mean per-sample cosine of the outputs to the float outputs) or "auto"
   (accuracy when labels are given, else cosine).
 - ``sensitivity`` (True): rank the layers by the metric when only that layer is quantized.
 - ``histogram_layers`` (4): "all", a list of layer names, or N (the N layers with the lowest SQNR).
+- ``latency_runs`` (5): timed calls of each real-quantized layer and of its float original on the layer's
+  first captured input (the median is reported); 0 skips the timing.
+- ``header``: what the report is about, shown at the top of the page: a dict of strings, such as
+  ``{"model": ..., "dataset": ..., "config": ..., "checkpoint": ...}`` (lowbit's and torch's versions and
+  whether the layers are simulated, real or mixed are added).
 - ``save_dir``: write report.json and report.html there.
 - ``print_table`` (False): print the rich table.
 
@@ -26,7 +32,7 @@ from torch import fx, nn
 from lowbit.errors import LowbitError, ReportError
 from lowbit.graph.metadata import REQUIRED, read_pass_args
 from lowbit.graph.qgraph import QGraph
-from lowbit.report import build, histograms
+from lowbit.report import build, histograms, real
 from lowbit.report.collect import evaluation_mode, main_tensor, make_runner
 from lowbit.report.layers import check_float_counterparts, find_layers
 from lowbit.report.metrics import METRICS, TaskMetric
@@ -36,7 +42,7 @@ from lowbit.report.stats import LayerStats, update_all
 PASS_NAME = "quantization_report_analysis_pass"
 DEFAULTS: dict[str, Any] = {
     "float_model": REQUIRED, "inputs": REQUIRED, "labels": None, "metric": "auto", "sensitivity": True,
-    "histogram_layers": 4, "save_dir": None, "print_table": False,
+    "histogram_layers": 4, "save_dir": None, "print_table": False, "latency_runs": 5, "header": None,
 }  # fmt: skip
 
 
@@ -52,8 +58,12 @@ def quantization_report_analysis_pass(graph: QGraph | nn.Module, pass_args: dict
     layers = find_layers(quantized)
     check_float_counterparts(layers, original, by_node)
     histograms.check_choice(args["histogram_layers"], [layer.name for layer in layers])  # before the work
+    header = _header_fields(args["header"])
+    runs = _latency_runs(args["latency_runs"])
     with torch.no_grad(), evaluation_mode(original, quantized):
         report = _measure(quantized, original, layers, batches, labels, kind, args)
+        _time_real_layers(report["layers"], layers, report.pop("_stats"), runs)
+    report["header"] = build.header(header, report["layers"])
     if args["save_dir"] is not None:
         from lowbit.report.files import write_report
 
@@ -84,7 +94,18 @@ def _measure(quantized, original, layers, batches, labels, kind, args) -> dict[s
         metric_delta=quantized_score - float_score,
     )  # fmt: skip
     return {"schema": build.SCHEMA, "summary": summary, "layers": rows, "sensitivity": ranking,
-            "histogram_layers": chosen, "histograms": _histograms(stats, chosen)}  # fmt: skip
+            "histogram_layers": chosen, "histograms": _histograms(stats, chosen), "_stats": stats}  # fmt: skip
+
+
+def _time_real_layers(rows: list[dict[str, Any]], layers, stats: dict[str, LayerStats], runs: int) -> None:
+    """Each real layer against its float original on the input it first saw in the quantized model."""
+    if runs == 0:
+        return
+    by_name = {layer.name: layer for layer in layers}
+    for row in rows:
+        layer, first = by_name[row["name"]], stats[row["name"]].first_call
+        if layer.kind == "real" and first is not None:
+            row["latency"] = real.latency(layer.module, layer.float_module, first.args, first.kwargs, runs)
 
 
 def _collect(float_runner, quantized_runner, layers, batches):
@@ -112,6 +133,12 @@ def _histograms(stats: dict[str, LayerStats], chosen: list[str]) -> list[dict[st
             values = layer_stats.sample(role)
             if values is None:
                 continue
+            if layer_stats.layer.kind == "real":
+                entry = histograms.real_histogram_entry(name, role, layer_stats.layer.module, values,
+                                                        layer_stats.grids.get(role))  # fmt: skip
+                if entry is not None:
+                    entries.append(entry)
+                continue
             spec = getattr(layer_stats.layer.formats, role)
             entry = histograms.histogram_entry(name, role, spec, values, layer_stats.grids.get(role))
             if entry is not None:
@@ -120,7 +147,7 @@ def _histograms(stats: dict[str, LayerStats], chosen: list[str]) -> list[dict[st
 
 
 def _attach_sensitivity(rows: list[dict[str, Any]], ranking: list[dict[str, Any]] | None) -> None:
-    by_layer = {entry["layer"]: (rank, entry) for rank, entry in enumerate(ranking or (), start=1)}
+    by_layer = {entry["layer"]: (entry["rank"], entry) for entry in ranking or ()}
     for row in rows:
         rank, entry = by_layer.get(row["name"], (None, None))
         row["sensitivity_rank"] = rank
@@ -167,6 +194,21 @@ def _metric_kind(metric: Any, labels: list[Any] | None, batch_count: int) -> str
     if labels is not None and len(labels) != batch_count:
         raise ReportError(f"{PASS_NAME}: {len(labels)} label batches for {batch_count} input batches")
     return kind
+
+
+def _header_fields(header: Any) -> dict[str, str]:
+    if header is None:
+        return {}
+    if not isinstance(header, dict) or not all(isinstance(key, str) for key in header):
+        raise ReportError(f"{PASS_NAME}: header must be a dict of str -> str (model, dataset, config, checkpoint, "
+                          f"...), got {type(header).__name__}")  # fmt: skip
+    return {key: str(value) for key, value in header.items() if value is not None}
+
+
+def _latency_runs(runs: Any) -> int:
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 0:
+        raise ReportError(f"{PASS_NAME}: latency_runs={runs!r} must be an int >= 0 (0: no timing)")
+    return runs
 
 
 def _check_labels(metric: TaskMetric) -> None:

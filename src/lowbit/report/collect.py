@@ -5,7 +5,8 @@ Two runners share one interface, ``run(batch, record, overrides) -> (model outpu
 - :class:`GraphRunner` interprets an ``fx.GraphModule`` node by node (so quantized *functions* are layers
   too); a layer listed in ``overrides`` runs with those formats instead of its own.
 - :class:`ModuleRunner` puts forward hooks on named modules of a plain ``nn.Module`` (the module-swap
-  path); an override swaps the module's formats for the duration of the call.
+  path); an override swaps the module's formats for the duration of the call (a real-quantized layer is
+  swapped for its float twin instead).
 
 Recorded tensors are cloned (a later in-place op of the model, ``ReLU(inplace=True)``, must not change
 them); parameters are kept as they are.
@@ -152,15 +153,19 @@ class ModuleRunner:
 
     def run(self, batch: Any, record=(), overrides: Mapping[str, RoleFormats] | None = None):
         calls: dict[str, list[Call]] = {}
-        handles, saved = [], {}
+        handles, saved, swapped = [], {}, []
         try:
             for name in record:
                 hook = functools.partial(_record_call, calls.setdefault(name, []))
                 handles.append(self.modules[name].register_forward_hook(hook, with_kwargs=True))
             for name, formats in (overrides or {}).items():
-                module = self.layers[name].module
-                saved[name] = module.formats
-                module.formats = formats
+                layer = self.layers[name]
+                if layer.kind == "real":
+                    swapped.append(name)
+                    self._place(name, layer.float_module)
+                    continue
+                saved[name] = layer.module.formats
+                layer.module.formats = formats
             args, kwargs = model_inputs(batch)
             output = self.model(*args, **kwargs)
         finally:
@@ -168,7 +173,13 @@ class ModuleRunner:
                 handle.remove()
             for name, formats in saved.items():
                 self.layers[name].module.formats = formats
+            for name in swapped:
+                self._place(name, self.layers[name].module)
         return output, {name: found for name, found in calls.items() if found}
+
+    def _place(self, path: str, module: nn.Module) -> None:
+        parent, _, child = path.rpartition(".")
+        setattr(self.model.get_submodule(parent), child, module)
 
 
 def _record_call(calls: list[Call], module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:

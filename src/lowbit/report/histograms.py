@@ -15,6 +15,7 @@ import torch
 
 from lowbit.errors import ReportError, did_you_mean
 from lowbit.formats import FormatSpec
+from lowbit.report import real
 
 BINS = 60
 GRID_LIMIT = 400  # grid values drawn per histogram at most (evenly thinned beyond that)
@@ -71,6 +72,27 @@ def histogram_entry(layer: str, role: str, spec: FormatSpec | None, values: torc
         "samples": int(values.numel()), "bin_edges": edges.tolist(), "counts": [int(c) for c in counts.tolist()],
         "grid_kind": kind, "grid": shown, "grid_in_view": in_view,
         "format_range": list(format_range) if format_range else None,
+    }  # fmt: skip
+
+
+def real_histogram_entry(layer: str, role: str, module: torch.nn.Module, values: torch.Tensor,
+                         grid: torch.Tensor | None) -> dict[str, Any] | None:  # fmt: skip
+    """The histogram of a real-quantized layer's float weight (grid: its dequantized codes, "observed") or
+    input (grid: a static input's representable values, "fixed"; none for a dynamic or float input)."""
+    values = values[torch.isfinite(values)]
+    if values.numel() == 0:
+        return None
+    fixed = role == "data_in" and grid is not None
+    described = real.weight_format(module) if role == "weight" else (real.input_format(module) or "float")
+    format_range = (float(grid[0]), float(grid[-1])) if fixed and grid.numel() else None
+    low, high = _view(float(values.min()), float(values.max()), format_range)
+    counts, edges = torch.histogram(values.clamp(low, high), bins=BINS, range=(low, high))
+    shown, in_view = _grid_in_view(grid, low, high)
+    return {
+        "layer": layer, "role": role, "format": described, "samples": int(values.numel()),
+        "bin_edges": edges.tolist(), "counts": [int(c) for c in counts.tolist()],
+        "grid_kind": "none" if grid is None else ("fixed" if fixed else "observed"), "grid": shown,
+        "grid_in_view": in_view, "format_range": list(format_range) if format_range else None,
     }  # fmt: skip
 
 

@@ -1,10 +1,11 @@
 """The layers a report compares: every quantized op of the quantized model, matched to the float model.
 
-A layer is a quantized module (:class:`lowbit.nn.QuantModule`) or, in a traced graph, a ``call_function``
-node retargeted to a quantized function. In a graph a layer is named by its fx node name (the names the
+A layer is a quantized module (:class:`lowbit.nn.QuantModule`), a real-quantized module (one of
+``lowbit.ops.REAL_MODULES``: integer codes and kernels, kind "real") or, in a traced graph, a
+``call_function`` node retargeted to a quantized function. In a graph a layer is named by its fx node name (the names the
 quantize pass selects by); in a plain module (module-swap path) by its qualified module name.
 :class:`Layer` can run its op again on other inputs, with its own formats or others (float, for the
-sensitivity ranking), and finds the tensor behind each role.
+sensitivity ranking; a real layer runs its float twin instead), and finds the tensor behind each role.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from lowbit.errors import ReportError, did_you_mean
 from lowbit.nn.functional import FUNCTION_FOR_OP, QUANT_FUNCTIONS
 from lowbit.nn.modules import QuantModule
 from lowbit.nn.roles import ROLES, RoleFormats
+from lowbit.report import real
 
 _OP_OF_FUNCTION = {function: op for op, function in FUNCTION_FOR_OP.items()}
 
@@ -47,11 +49,12 @@ class Layer:
 
     name: str
     op: str
-    kind: str  # "module" or "function"
+    kind: str  # "module", "real" or "function"
     formats: RoleFormats
     module_path: str | None = None
     module: nn.Module | None = None
     function: Any = None
+    float_module: nn.Module | None = None  # a real layer's float twin (set by check_float_counterparts)
     _clones: dict[RoleFormats, nn.Module] = field(default_factory=dict, repr=False)
 
     def call(self, args: tuple, kwargs: dict[str, Any], formats: RoleFormats | None = None) -> Any:
@@ -59,6 +62,8 @@ class Layer:
         if self.kind == "function":
             config = (self.formats if formats is None else formats).to_dict()
             return self.function(*args, **{**kwargs, "config": config})
+        if self.kind == "real":  # a real layer has no formats to swap: any override means its float twin
+            return (self.module if formats is None else self.float_module)(*args, **kwargs)
         module = self.module if formats is None else self._with_formats(formats)
         return module(*args, **kwargs)
 
@@ -68,7 +73,11 @@ class Layer:
 
     def role_tensors(self, role: str, args: tuple, kwargs: dict[str, Any]) -> list[torch.Tensor]:
         """The floating-point tensors the op passes through ``role``'s format (data_out excluded)."""
-        if self.kind == "module" and role in ("weight", "bias"):
+        if self.kind == "real" and role == "weight":  # the float weight its codes stand for
+            found = [self.float_module.weight]
+        elif self.kind == "real":
+            found = [args[0]] if role == "data_in" and args else []
+        elif self.kind == "module" and role in ("weight", "bias"):
             found = [getattr(self.module, role, None)]
         elif self.kind == "module":
             found = [args[0]] if role == "data_in" and args else []
@@ -97,15 +106,18 @@ def find_layers(model: nn.Module) -> list[Layer]:
     """The quantized ops of ``model``, in execution order for graphs and module order otherwise."""
     if isinstance(model, fx.GraphModule):
         return _graph_layers(model)
-    modules = model.named_modules()
-    return [_module_layer(path, path, module) for path, module in modules if isinstance(module, QuantModule)]
+    return [_module_layer(path, path, module) for path, module in model.named_modules() if _is_layer(module)]
+
+
+def _is_layer(module: Any) -> bool:
+    return isinstance(module, QuantModule) or real.is_real(module)
 
 
 def _graph_layers(model: fx.GraphModule) -> list[Layer]:
     modules = dict(model.named_modules())
     layers = []
     for node in model.graph.nodes:
-        if node.op == "call_module" and isinstance(modules.get(node.target), QuantModule):
+        if node.op == "call_module" and _is_layer(modules.get(node.target)):
             layers.append(_module_layer(node.name, node.target, modules[node.target]))
         elif node.op == "call_function" and node.target in QUANT_FUNCTIONS:
             formats = RoleFormats.from_dict(node.kwargs.get("config", {}))
@@ -114,7 +126,9 @@ def _graph_layers(model: fx.GraphModule) -> list[Layer]:
     return layers
 
 
-def _module_layer(name: str, path: str, module: QuantModule) -> Layer:
+def _module_layer(name: str, path: str, module: nn.Module) -> Layer:
+    if real.is_real(module):
+        return Layer(name, real.op_name(module), "real", RoleFormats(), module_path=path, module=module)
     return Layer(name, module.mase_op, "module", module.formats, module_path=path, module=module)
 
 
@@ -136,7 +150,7 @@ def check_float_counterparts(layers: list[Layer], float_model: nn.Module, by_nod
             "the quantized model must come from the same architecture as the float model"
         )
     for layer in layers:
-        if layer.kind == "module":
+        if layer.kind in ("module", "real"):
             path = nodes[layer.name].target if by_node else layer.name
             _check_module_pair(layer, modules.get(path) if isinstance(path, str) else None)
         elif nodes[layer.name].op != "call_function":
@@ -145,6 +159,9 @@ def check_float_counterparts(layers: list[Layer], float_model: nn.Module, by_nod
 
 
 def _check_module_pair(layer: Layer, float_module: nn.Module | None) -> None:
+    if layer.kind == "real":
+        _check_real_pair(layer, float_module)
+        return
     expected = type(layer.module).float_class
     if float_module is None or not isinstance(float_module, expected):
         found = type(float_module).__name__ if float_module is not None else "nothing"
@@ -161,3 +178,19 @@ def _check_module_pair(layer: Layer, float_module: nn.Module | None) -> None:
                 f"layer {layer.name!r}: {role} has shape {tuple(mine.shape)} in the quantized model but "
                 f"{tuple(theirs.shape)} in the float model (a checkpoint of another architecture?)"
             )
+
+
+def _check_real_pair(layer: Layer, float_module: nn.Module | None) -> None:
+    """A real layer's twin: a float module of the class it replaced, with the weight shape its codes stand for."""
+    expected = real.float_class(layer.module)
+    if not isinstance(float_module, expected) or isinstance(float_module, QuantModule):
+        found = type(float_module).__name__ if float_module is not None else "nothing"
+        hint = " (quantized)" if isinstance(float_module, QuantModule) or real.is_real(float_module) else ""
+        raise ReportError(f"layer {layer.name!r} ({type(layer.module).__name__}): the float model has {found}{hint} "
+                          f"there, expected a float {expected.__name__}; pass the model as it was before "
+                          "quantization as float_model")  # fmt: skip
+    shape = tuple(real.dequantized_weight(layer.module).shape)
+    if tuple(float_module.weight.shape) != shape:
+        raise ReportError(f"layer {layer.name!r}: the weight has shape {shape} in the quantized model but "
+                          f"{tuple(float_module.weight.shape)} in the float model (another architecture?)")  # fmt: skip
+    layer.float_module = float_module

@@ -1,7 +1,10 @@
 """Sensitivity ranking: the task metric when only one layer is quantized and every other layer runs float.
 
 A layer whose metric drops most on its own is the one to give more bits first. Each entry is
-``{"layer", "metric", "delta"}`` (delta = metric - the float model's metric), the worst first.
+``{"layer", "metric", "delta", "rank"}`` (delta = metric - the float model's metric), the worst first. Ties
+share a rank (standard competition ranking: 1, 2, 2, 4) and keep the layers' execution order; NaN (the
+layer breaks the model) ranks first. A real-quantized layer is "quantized alone" as itself, every other
+layer replaced by its float twin.
 """
 
 from __future__ import annotations
@@ -32,4 +35,20 @@ def sensitivity_ranking(runner: GraphRunner | ModuleRunner, layers: list[Layer],
     for layer in layers:
         score = metric_with_only(runner, layers, layer, batches, metric)
         ranking.append({"layer": layer.name, "metric": score, "delta": score - float_score})
-    return sorted(ranking, key=lambda entry: (not math.isnan(entry["metric"]), entry["metric"]))
+    return rank_entries(ranking)
+
+
+def rank_entries(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``entries`` sorted by "metric" (stable, NaN first) with a "rank" each: equal metrics, equal rank."""
+    ordered = sorted(entries, key=_order)
+    previous = None
+    for position, entry in enumerate(ordered, start=1):
+        key = _order(entry)
+        entry["rank"] = previous[1] if previous is not None and previous[0] == key else position
+        previous = (key, entry["rank"])
+    return ordered
+
+
+def _order(entry: dict[str, Any]) -> tuple[bool, float]:
+    value = entry["metric"]
+    return (False, 0.0) if math.isnan(value) else (True, value)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from lowbit.errors import ReportError
+from lowbit.report import real
 from lowbit.report.collect import Call, main_tensor
 from lowbit.report.layers import Layer
 from lowbit.report.metrics import ClampCounts, ErrorSums, clamped_count
@@ -33,6 +34,7 @@ class LayerStats:
     samples: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # role -> sampled values
     grids: dict[str, torch.Tensor | None] = field(default_factory=dict)  # role -> values produced (first call)
     calls: int = 0
+    first_call: Call | None = None  # a real layer's first call in the quantized model (timed against fp32)
 
     def update(self, float_call: Call, quantized_call: Call) -> None:
         """Add one call of the layer in each model (same batch, same position)."""
@@ -51,6 +53,8 @@ class LayerStats:
         if self.layer.formats.data_out is not None:
             raw = self.layer.call(quantized_call.args, quantized_call.kwargs, self.layer.without("data_out"))
             self._count_clamped("data_out", [main_tensor(raw, f"layer {name!r}")])
+        if self.first_call is None and self.layer.kind == "real":
+            self.first_call = quantized_call
         self.calls += 1
 
     def _add_role(self, role: str, tensors: list[torch.Tensor]) -> None:
@@ -67,15 +71,30 @@ class LayerStats:
         self._observe_grid(role, tensors[0])
 
     def _count_clamped(self, role: str, tensors: list[torch.Tensor]) -> None:
+        if self.layer.kind == "real":
+            self._count_clamped_real(role, tensors)
+            return
         spec = getattr(self.layer.formats, role)
         if spec is None:
             return
         for tensor in tensors:
             self.clamps.add(role, clamped_count(spec, tensor), tensor.numel())
 
+    def _count_clamped_real(self, role: str, tensors: list[torch.Tensor]) -> None:
+        module = self.layer.module
+        for tensor in tensors:
+            if role == "weight":
+                self.clamps.add(role, real.weight_clamped(module, tensor), tensor.numel())
+            elif role == "data_in" and real.input_format(module) is not None:
+                self.clamps.add(role, real.input_clamped(module, tensor), tensor.numel())
+
     def _observe_grid(self, role: str, tensor: torch.Tensor) -> None:
         """The distinct values the role's format produced on its first tensor, for formats whose grid
         follows the data (a fixed grid is read from the format itself when the histogram is drawn)."""
+        if self.layer.kind == "real":
+            grids = {"weight": real.weight_grid, "data_in": real.input_grid}
+            self.grids.setdefault(role, grids[role](self.layer.module) if role in grids else None)
+            return
         spec = getattr(self.layer.formats, role)
         if spec is None or role in self.grids:
             return
