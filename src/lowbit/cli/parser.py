@@ -25,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def _bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("true", "1", "yes", "on"):
         return True
@@ -34,18 +34,27 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def add_verbosity(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """-q / -v, accepted before and after the command name (the command's own flags win)."""
+    default = {"default": False} if top else {"default": argparse.SUPPRESS}
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors (no progress bars)", **default)
+    parser.add_argument("-v", "--verbose", action="count", help="more detail on stderr",
+                        default=0 if top else argparse.SUPPRESS)  # fmt: skip
+
+
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_positional", nargs="?", metavar="MODEL", default=argparse.SUPPRESS)
     parser.add_argument("dataset_positional", nargs="?", metavar="DATASET", default=argparse.SUPPRESS)
     parser.add_argument("--config", help="TOML config (run options at the top level, [passes.*] tables)")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    parser.add_argument("--print-config", dest="print_config", type=_bool, default=True,
+    parser.add_argument("--print-config", dest="print_config", type=parse_bool, default=True,
                         help="print the effective configuration table (default true)")  # fmt: skip
     for option in OPTIONS:
-        kind = _bool if option.kind is bool else option.kind
+        kind = parse_bool if option.kind is bool else option.kind
         parser.add_argument(option.flag, dest=option.name, type=kind, choices=option.choices,
                             default=argparse.SUPPRESS, help=f"{option.help} (default: {option.default})")  # fmt: skip
     parser.add_argument("--load-name", dest="load", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    parser.add_argument("--num-devices", dest="devices", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS,
                         help="no progress bars")  # fmt: skip
 
@@ -55,9 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="lowbit", description="Quantize PyTorch models to any arithmetic and measure what it costs.")
     parser.add_argument("-V", "--version", action="version", version=f"lowbit {_version()}")
+    add_verbosity(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, required=True)
     for name, text in RUN_COMMANDS.items():
         command = sub.add_parser(name, help=text, description=text)
+        add_verbosity(command)
         _add_run_options(command)
         if name == "report":
             tools.add_report_arguments(command)
@@ -72,4 +83,4 @@ def _version() -> str:
     return __version__
 
 
-__all__ = ["UsageError", "build_parser"]
+__all__ = ["UsageError", "add_verbosity", "build_parser", "parse_bool"]

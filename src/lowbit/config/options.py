@@ -43,13 +43,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("training_optimizer", str, "adam", "optimizer", ("adam", "adamw", "sgd")),
     Option("seed", int, 0, "random seed (data order, initial weights)"),
     Option("accelerator", str, "auto", "Lightning accelerator", ("auto", "cpu", "gpu", "cuda", "mps")),
-    Option("devices", str, "1", "devices per node (a count, or 'auto')"),
+    Option("devices", str, "1", "devices per node (a count, or 'auto')", aliases=("num_devices",)),
     Option("num_nodes", int, 1, "machines taking part in training"),
     Option("strategy", str, "auto", "Lightning strategy: auto, ddp, ddp_spawn, ..."),
     Option("num_workers", int, 0, "data-loader worker processes"),
     Option("project_dir", str, "lowbit_output", "where outputs go"),
     Option("project", str, None, "output folder name (default: <model>_<task>_<dataset>)"),
     Option("progress", bool, True, "show progress bars"),
+    # MASE's trainer options (its defaults differ where noted in docs/mase-compatibility.md)
+    Option("log_every_n_steps", int, 1, "Lightning: log metrics every n training steps"),
+    Option("accumulate_grad_batches", int, 1, "Lightning: batches whose gradients add up before a step"),
+    Option("trainer_precision", str, "32", "Lightning precision", ("32", "64", "16-mixed", "bf16-mixed", "bf16")),
+    Option("t_max", int, None, "cosine learning-rate schedule: epochs of one half period (default: max_epochs)"),
+    Option("eta_min", float, 0.0, "cosine learning-rate schedule: the lowest learning rate"),
 )
 OPTION_BY_NAME = {option.name: option for option in OPTIONS}
 ALIAS_TO_NAME = {alias: option.name for option in OPTIONS for alias in option.aliases}
@@ -69,7 +75,8 @@ def check_option_value(name: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {name} must be {_kind_name(option.kind)}, got {value!r}")
     if option.choices is not None and converted not in option.choices:
         raise ConfigError(f"{where}: {name} = {value!r} is not one of {', '.join(option.choices)}")
-    if option.kind is int and name in ("batch_size", "max_epochs", "num_nodes") and converted < 1:
+    if option.kind is int and name in ("batch_size", "max_epochs", "num_nodes", "log_every_n_steps",
+                                       "accumulate_grad_batches", "t_max") and converted < 1:
         raise ConfigError(f"{where}: {name} must be at least 1, got {value!r}")
     if name == "devices" and not (converted == "auto" or (converted.isdigit() and int(converted) > 0)):
         raise ConfigError(f"{where}: devices must be a positive count or 'auto', got {value!r}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +30,27 @@ from typing import Any
 
 from lowbit.config.options import ALIAS_TO_NAME, OPTION_BY_NAME, check_option_value
 from lowbit.errors import ConfigError, did_you_mean
+from lowbit.nn.config import ConfigWarning
 
 SECTIONS = ("passes", "transform")
+# MASE's command-line keys (its CLI_DEFAULTS) that lowbit has no option for, and why; MASE's other keys
+# are options here (num_devices = devices, log_every_n_steps, accumulate_grad_batches, trainer_precision,
+# t_max, eta_min, ...).
+MASE_UNSUPPORTED = {
+    "max_token_len": "lowbit's one text dataset (sentences) is tokenized to at most 128 tokens; there is no "
+                     "language-model dataset to set a length for",
+    "is_pretrained": "built-in models are built by name; load weights with load / --load",
+    "quant_config": "lowbit quantizes with [passes.quantize] (or a recipe), not a model-construction config",
+    "disable_dataset_cache": "lowbit's built-in datasets are generated in memory; there is no cache",
+    "is_to_auto_requeue": "cluster auto-requeue is not supported",
+    "github_ci": "MASE's CI switch has no meaning here",
+    "report_to": "training logs go to a CSV logger in the project folder (no wandb / tensorboard)",
+    "log_level": "use -q / -v on the command line",
+    "to_debug": "use --debug on the command line",
+    "no_warnings": "use Python's -W ignore",
+}
+# MASE sections for actions lowbit does not have: skipped with a warning (MASE's transform skips them too).
+IGNORED_SECTIONS = {"search": "lowbit has no search action; the [search.*] tables (MASE's ch search) are skipped"}
 TRANSFORM_KEYS = {"style": ("graph", "module")}
 
 
@@ -95,6 +115,10 @@ def parse_run_config(table: Mapping[str, Any], known_passes: Iterable[str], wher
         elif key in OPTION_BY_NAME or key in ALIAS_TO_NAME:
             name = ALIAS_TO_NAME.get(key, key)
             config.options[name] = check_option_value(name, na_to_none(value), f"{where}: top-level key")
+        elif key in IGNORED_SECTIONS:
+            warnings.warn(f"{where}: [{key}] ignored: {IGNORED_SECTIONS[key]}", ConfigWarning, stacklevel=3)
+        elif key in MASE_UNSUPPORTED:
+            raise ConfigError(f"{where}: MASE's key {key!r} is not supported: {MASE_UNSUPPORTED[key]}")
         else:
             valid = [*OPTION_BY_NAME, *ALIAS_TO_NAME, *SECTIONS]
             raise ConfigError(f"{where}: unknown top-level key {key!r}{did_you_mean(key, valid)}")

@@ -46,7 +46,8 @@ def fit(model: nn.Module, options: Any, checkpoint_dir: str | Path, log_dir: str
         raise ConfigError(f"training needs a classification task; {options['model']!r} is an {options['task']} model")
     L.seed_everything(options["seed"], workers=True, verbose=False)
     module = ClassifierModule(model, learning_rate=options["learning_rate"], weight_decay=options["weight_decay"],
-                              optimizer=options["training_optimizer"], max_epochs=options["max_epochs"])  # fmt: skip
+                              optimizer=options["training_optimizer"], max_epochs=options["max_epochs"],
+                              t_max=options["t_max"], eta_min=options["eta_min"])  # fmt: skip
     data = DataModule(options["dataset"], options["batch_size"], seed=options["seed"], num_workers=options["num_workers"])
     checkpoint = ModelCheckpoint(dirpath=str(checkpoint_dir), filename="best", monitor="val_loss", mode="min",
                                  save_top_k=1, save_last=True, enable_version_counter=False)  # fmt: skip
@@ -55,7 +56,8 @@ def fit(model: nn.Module, options: Any, checkpoint_dir: str | Path, log_dir: str
         devices=_devices(options["devices"]), num_nodes=options["num_nodes"], strategy=options["strategy"],
         callbacks=[checkpoint], logger=CSVLogger(str(log_dir), name="", version=""),
         enable_progress_bar=options["progress"], enable_model_summary=False, deterministic=False,
-        log_every_n_steps=1,
+        log_every_n_steps=options["log_every_n_steps"], accumulate_grad_batches=options["accumulate_grad_batches"],
+        precision=options["trainer_precision"],
     )  # fmt: skip
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")

@@ -19,11 +19,13 @@ class ClassifierModule(L.LightningModule):
     """Wraps ``model`` (logits out); logs train_loss / train_acc per step, val_loss / val_acc per epoch."""
 
     def __init__(self, model: nn.Module, *, learning_rate: float = 1e-3, weight_decay: float = 0.0,
-                 optimizer: str = "adam", max_epochs: int = 1) -> None:  # fmt: skip
+                 optimizer: str = "adam", max_epochs: int = 1, t_max: int | None = None,
+                 eta_min: float = 0.0) -> None:  # fmt: skip
         super().__init__()
         self.model = model
         self.learning_rate, self.weight_decay = learning_rate, weight_decay
         self.optimizer_name, self.max_epochs = optimizer, max_epochs
+        self.t_max, self.eta_min = t_max or max_epochs, eta_min  # the cosine schedule (MASE's t_max / eta_min)
         self.loss = nn.CrossEntropyLoss()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +54,7 @@ class ClassifierModule(L.LightningModule):
         optimizer_class = OPTIMIZERS[self.optimizer_name]
         extra = {"momentum": 0.9} if self.optimizer_name == "sgd" else {}
         optimizer = optimizer_class(self.parameters(), lr=self.learning_rate, weight_decay=self.weight_decay, **extra)
-        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, self.max_epochs))
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, self.t_max), eta_min=self.eta_min)
         return {"optimizer": optimizer, "lr_scheduler": schedule}
 
 
