@@ -16,11 +16,27 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from lowbit.nn import accumulated_ops
 from lowbit.nn.roles import RoleFormats
 
 
 def _formats(config: Any) -> RoleFormats:
     return RoleFormats.from_dict(config)
+
+
+def _accumulator(f: RoleFormats):
+    """The simulated accumulator of a GEMM op, or None (float sums)."""
+    return None if f.bypass else f.accumulator
+
+
+def _conv(f: RoleFormats, conv, simulated, x, weight, bias, args, kwargs):
+    """A convolution on quantized operands, in float or (with an accumulator) simulated sums."""
+    operands = f.apply("data_in", x), f.apply("weight", weight), f.apply("bias", bias)
+    if _accumulator(f) is None:
+        return f.apply("data_out", conv(*operands, *args, **kwargs))
+    names = ("stride", "padding", "dilation", "groups")
+    options = {**dict(zip(names, args)), **kwargs}
+    return f.apply("data_out", simulated(*operands, f.accumulator, **options, stream=f.stream))
 
 
 def _elementwise(python_op, torch_op, x, y, config, kwargs):
@@ -45,29 +61,34 @@ def quantized_mul(x, y, *, config, **kwargs):
 
 def quantized_matmul(x, y, *, config):
     f = _formats(config)
-    return f.apply("data_out", torch.matmul(f.apply("data_in", x), f.apply("weight", y)))
+    qx, qy = f.apply("data_in", x), f.apply("weight", y)
+    if _accumulator(f) is not None:
+        return f.apply("data_out", accumulated_ops.matmul(qx, qy, f.accumulator, f.stream))
+    return f.apply("data_out", torch.matmul(qx, qy))
 
 
 def quantized_bmm(x, y, *, config):
     f = _formats(config)
-    return f.apply("data_out", torch.bmm(f.apply("data_in", x), f.apply("weight", y)))
+    qx, qy = f.apply("data_in", x), f.apply("weight", y)
+    if _accumulator(f) is not None:
+        return f.apply("data_out", accumulated_ops.matmul(qx, qy, f.accumulator, f.stream))
+    return f.apply("data_out", torch.bmm(qx, qy))
 
 
 def quantized_linear(x, weight, bias=None, *, config):
     f = _formats(config)
-    return f.apply("data_out", F.linear(f.apply("data_in", x), f.apply("weight", weight), f.apply("bias", bias)))
+    operands = f.apply("data_in", x), f.apply("weight", weight), f.apply("bias", bias)
+    if _accumulator(f) is not None:
+        return f.apply("data_out", accumulated_ops.linear(*operands, f.accumulator, f.stream))
+    return f.apply("data_out", F.linear(*operands))
 
 
 def quantized_conv1d(x, weight, bias=None, *args, config, **kwargs):
-    f = _formats(config)
-    out = F.conv1d(f.apply("data_in", x), f.apply("weight", weight), f.apply("bias", bias), *args, **kwargs)
-    return f.apply("data_out", out)
+    return _conv(_formats(config), F.conv1d, accumulated_ops.conv1d, x, weight, bias, args, kwargs)
 
 
 def quantized_conv2d(x, weight, bias=None, *args, config, **kwargs):
-    f = _formats(config)
-    out = F.conv2d(f.apply("data_in", x), f.apply("weight", weight), f.apply("bias", bias), *args, **kwargs)
-    return f.apply("data_out", out)
+    return _conv(_formats(config), F.conv2d, accumulated_ops.conv2d, x, weight, bias, args, kwargs)
 
 
 def quantized_relu(x, inplace: bool = False, *, config):

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lowbit.errors import ConfigError
+from lowbit.nn import accumulated_ops
 from lowbit.nn.roles import RoleFormats
 
 
@@ -60,14 +61,25 @@ class QuantLinear(QuantModule, nn.Linear):
     float_class = nn.Linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(self._q("data_in", x), self._q("weight", self.weight), self._q("bias", self.bias))
-        return self._q("data_out", out)
+        operands = self._q("data_in", x), self._q("weight", self.weight), self._q("bias", self.bias)
+        accumulator = None if self.formats.bypass else self.formats.accumulator
+        if accumulator is not None:  # partial sums rounded into a simulated accumulator
+            return self._q("data_out", accumulated_ops.linear(*operands, accumulator, self.formats.stream))
+        return self._q("data_out", F.linear(*operands))
 
 
 class _QuantConv(QuantModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._conv_forward(self._q("data_in", x), self._q("weight", self.weight), self._q("bias", self.bias))
-        return self._q("data_out", out)
+        operands = self._q("data_in", x), self._q("weight", self.weight), self._q("bias", self.bias)
+        accumulator = None if self.formats.bypass else self.formats.accumulator
+        if accumulator is not None:  # partial sums rounded into a simulated accumulator
+            if self.padding_mode != "zeros":
+                raise ConfigError(f"accumulator simulation needs padding_mode='zeros', got {self.padding_mode!r}")
+            conv = accumulated_ops.conv2d if isinstance(self, nn.Conv2d) else accumulated_ops.conv1d
+            out = conv(*operands, accumulator, self.stride, self.padding, self.dilation, self.groups,
+                       self.formats.stream)  # fmt: skip
+            return self._q("data_out", out)
+        return self._q("data_out", self._conv_forward(*operands))
 
 
 class QuantConv1d(_QuantConv, nn.Conv1d):
