@@ -210,7 +210,7 @@ def test_summary_table_and_csv(tmp_path):
     assert rows["seq_blocks_1"]["changed"] is False
     assert {h["op"]: (h["total"], h["changed"]) for h in info["histogram"]}["Linear"] == (3, 3)
     table = (tmp_path / "quantize_table.csv").read_text().splitlines()
-    assert table[0] == "node,mase_type,mase_op,original_type,quantized_type,formats,changed"
+    assert table[0] == "node,mase_type,mase_op,original_type,quantized_type,formats,changed,unused_keys"
     assert len(table) == 1 + 7  # size, view and the five blocks
     histogram = (tmp_path / "quantize_histogram.csv").read_text().splitlines()
     assert "Linear,3,3,0" in histogram and "ReLU,2,0,2" in histogram

@@ -1,7 +1,8 @@
 """``summarize_quantization_analysis_pass``: what the quantize pass changed, as a table and two CSV files.
 
 Rows: every call_module / call_function / call_method node with its mase_type, mase_op, original type (the float class
-or function), quantized type, the formats per role and whether it changed. Unlike MASE, a retargeted
+or function), quantized type, the formats per role, whether it changed and the config keys the node did not
+use (a shared ``default`` config's weight keys at a ReLU, ...). Unlike MASE, a retargeted
 function counts as changed (MASE compares ``type(function)``, which is always ``function``). Files, when
 ``save_dir`` is given: ``quantize_table.csv`` (the rows) and ``quantize_histogram.csv`` (per original
 type: total, changed, unchanged), each written atomically.
@@ -20,12 +21,12 @@ from lowbit._io import atomic_write_text
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.graph.mase_ops import classify
 from lowbit.graph.qgraph import QGraph
-from lowbit.graph.quantize import ORIGINAL_TARGET
+from lowbit.graph.quantize import ORIGINAL_TARGET, UNUSED_KEYS
 from lowbit.nn.modules import QuantModule
 from lowbit.nn.roles import RoleFormats
 
 _KEYS = ("save_dir", "original_graph", "print")
-COLUMNS = ("node", "mase_type", "mase_op", "original_type", "quantized_type", "formats", "changed")
+COLUMNS = ("node", "mase_type", "mase_op", "original_type", "quantized_type", "formats", "changed", "unused_keys")
 
 
 def summarize_quantization_analysis_pass(graph: QGraph, pass_args: Mapping[str, Any] | None = None):
@@ -65,8 +66,9 @@ def _row(node, modules) -> dict[str, Any]:
         original, new_type = _name(before), _name(node.target)
         quantized = "config" in node.kwargs and before is not node.target
         formats = RoleFormats.from_dict(node.kwargs["config"]).describe() if quantized else ""
+    unused = " ".join(node.meta.get(UNUSED_KEYS, {})) if quantized else ""
     return {"node": node.name, "mase_type": kind.mase_type, "mase_op": kind.mase_op, "original_type": original,
-            "quantized_type": new_type, "formats": formats, "changed": quantized}  # fmt: skip
+            "quantized_type": new_type, "formats": formats, "changed": quantized, "unused_keys": unused}  # fmt: skip
 
 
 def _name(target: Any) -> str:
