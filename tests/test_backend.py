@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import threading
 import warnings
 
 import pytest
@@ -31,6 +34,7 @@ def fresh_backend():
     backend.clear_cache()
     yield
     backend.set_backend("eager")
+    assert backend.wait_for_background(timeout=300)  # no kernel still compiling into the next test
     backend.clear_cache()
 
 
@@ -132,6 +136,9 @@ def test_auto_compiles_only_large_tensors():
     small, large = torch.randn(4, 4), torch.randn(backend.AUTO_MIN_ELEMENTS)
     assert not backend.wants_compiled(spec, small)
     assert backend.wants_compiled(spec, large)
+    for _ in range(backend.HOT_CALLS + 2):
+        spec(small)
+    assert backend._tiers["calls"] == {} and backend.wait_for_background(timeout=60)  # small: never queued
     stochastic = lowbit.get_format("integer")(width=8, frac_width=4, rounding="stochastic")
     assert not backend.wants_compiled(stochastic, large)  # seeded draws must match the eager path
 
@@ -166,3 +173,103 @@ def test_gradients_pass_through_compiled_kernels():
     x = torch.randn(16, 32, requires_grad=True)
     lowbit.quantize(x, "mxfp4_e2m1").mul(torch.arange(32.0)).sum().backward()
     assert torch.equal(x.grad, torch.arange(32.0).expand(16, 32))
+
+
+class SlowCompiler:
+    """torch.compile whose kernels wait for ``gate`` before running, recording the thread of every call."""
+
+    def __init__(self, monkeypatch):
+        self.gate, self.threads, real = threading.Event(), [], torch.compile
+
+        def compile_slowly(function, **options):
+            compiled = real(function, **options)
+
+            def kernel(x):
+                self.threads.append(threading.current_thread())
+                self.gate.wait(timeout=120)  # a caller blocked here would hang the test, then fail below
+                return compiled(x)
+
+            return kernel
+
+        monkeypatch.setattr(torch, "compile", compile_slowly)
+
+
+@pytest.mark.parametrize("name,params", [("e4m3", {}), ("mxfp4_e2m1", {}), ("affine", {"bits": 8})])
+def test_auto_first_calls_never_wait_for_the_compiler_and_the_swap_keeps_the_bits(monkeypatch, name, params):
+    slow = SlowCompiler(monkeypatch)
+    spec = lowbit.get_format(name)(**params)
+    x = case_input(seed=5).repeat(4, 8)  # 148 x 560: above AUTO_MIN_ELEMENTS
+    backend.set_backend("eager")
+    want = spec(x)
+    backend.set_backend("auto")
+    signature = backend.kernel_signature(spec, tuple(x.shape), x.dtype)
+    before = [spec(x) for _ in range(backend.HOT_CALLS + 3)]  # hot after HOT_CALLS: queued, not awaited
+    assert not slow.gate.is_set() and not backend.is_ready(signature)
+    assert threading.main_thread() not in slow.threads  # no call went near the (blocked) compiler
+    slow.gate.set()
+    assert backend.wait_for_background(timeout=300)
+    assert backend.is_ready(signature) and slow.threads == [slow.threads[0]] != [threading.main_thread()]
+    after = [spec(x), spec(x)]
+    assert slow.threads[1:] == [threading.main_thread()] * 2  # the fused kernel now answers the caller
+    for got in before + after:
+        assert_same(got, want)
+
+
+def test_auto_swaps_per_shape_and_keeps_small_tensors_eager(monkeypatch):
+    slow = SlowCompiler(monkeypatch)
+    slow.gate.set()
+    spec = lowbit.get_format("integer")(width=8, frac_width=4)
+    backend.set_backend("auto")
+    big, other = torch.randn(128, 256), torch.randn(64, 512)
+    for _ in range(backend.HOT_CALLS):
+        spec(big)
+    assert backend.wait_for_background(timeout=300)
+    slow.gate.clear()
+    spec(other)  # a new shape of a hot key: eager now, checked in the background, then fused
+    assert not backend.is_ready(backend.kernel_signature(spec, (64, 512), torch.float32))
+    slow.gate.set()
+    assert backend.wait_for_background(timeout=300)
+    assert backend.is_ready(backend.kernel_signature(spec, (64, 512), torch.float32))
+    backend.set_backend("eager")
+    want = spec(other)
+    backend.set_backend("auto")
+    assert_same(spec(other), want)
+
+
+def test_warmup_compiles_up_front_with_progress_and_auto_uses_it_from_the_first_call(monkeypatch):
+    slow = SlowCompiler(monkeypatch)
+    slow.gate.set()
+    backend.set_backend("auto")
+    lines = []
+    ready = lowbit.warmup(["e2m1", lowbit.get_format("integer")(width=4)], [(64, 300)],
+                          dtypes=(torch.float32, torch.bfloat16), progress=lines.append)  # fmt: skip
+    assert ready == 4 and len(lines) == 8
+    assert lines[0].startswith("lowbit warmup [1/4] compiling e2m1(") and lines[1].startswith("lowbit warmup [1/4] ready in")
+    x = torch.randn(64, 300, dtype=torch.bfloat16)
+    calls = len(slow.threads)
+    got = lowbit.quantize(x, "integer", width=4)
+    assert len(slow.threads) == calls + 1  # the very first call ran the fused kernel
+    backend.set_backend("eager")
+    assert_same(got, lowbit.quantize(x, "integer", width=4))
+    assert lowbit.warmup("e2m1", [(8, 8)], progress=lines.append) == 0  # eager: nothing to compile
+    assert lines[-1] == "lowbit warmup: the eager backend compiles nothing"
+
+
+def test_warmup_reports_a_compile_failure(monkeypatch):
+    def broken_compile(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    backend.set_backend("auto")
+    lines = []
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found"):
+        assert lowbit.warmup("e4m3", [(32, 32)], progress=lines.append) == 0
+    assert lines[-1] == "lowbit warmup: compiling failed; the eager path will be used"
+
+
+def test_import_starts_no_thread_and_compiles_nothing():
+    code = ("import threading, sys, lowbit, torch; from lowbit import backend; "
+            "print(threading.active_count(), len(backend._kernels), backend._tiers['worker'], "
+            "'torch._inductor' in sys.modules)")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["1", "0", "None", "False"]

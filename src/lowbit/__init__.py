@@ -6,7 +6,7 @@
 """
 
 from lowbit import formats
-from lowbit.api import quantize
+from lowbit.api import quantize, warmup
 from lowbit.backend import get_backend, set_backend
 from lowbit.errors import ConfigError, FormatError, LowbitError
 from lowbit.formats import ROUNDING_MODES, FormatSpec, get_format, list_formats
@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError", "FormatError", "FormatSpec", "LowbitError", "ROUNDING_MODES",
-    "formats", "get_backend", "get_format", "list_formats", "quantize", "set_backend", "__version__",
+    "formats", "get_backend", "get_format", "list_formats", "quantize", "set_backend", "warmup", "__version__",
 ]  # fmt: skip
 __all__ += ["QTensor", "encode", "load", "save"]
 __all__ += ["quantize_model"]

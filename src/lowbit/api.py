@@ -1,11 +1,16 @@
-"""The public quantize function."""
+"""The public quantize function, and warmup (compile the fused kernels up front)."""
 
 from __future__ import annotations
 
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
+from lowbit import backend
 from lowbit.formats._base import FormatSpec
 from lowbit.formats._registry import resolve
 
@@ -29,3 +34,41 @@ def quantize(
     tensor([ 0.2500, -1.7500])
     """
     return resolve(fmt, **params)(x, seed=seed, generator=generator)
+
+
+def warmup(
+    formats: str | FormatSpec | Iterable[str | FormatSpec],
+    shapes: Iterable[Sequence[int]],
+    *,
+    dtypes: Iterable[torch.dtype] = (torch.float32,),
+    device: torch.device | str = "cpu",
+    inference: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> int:
+    """Compile, now, the kernels the ``auto`` and ``compiled`` backends would use for these formats on
+    tensors of these shapes and dtypes, so that no later call waits and ``auto`` takes the fused kernel from
+    the first call on. Prints one progress line per kernel to stderr (or calls ``progress`` with it).
+    Returns how many kernels are ready. Nothing to do (0) under the eager backend or for stochastic
+    rounding, which always runs eagerly; set ``inference=True`` for calls made under ``torch.inference_mode``.
+
+    >>> lowbit.warmup(["e4m3", "mxfp4_e2m1"], [(2112, 384)])  # doctest: +SKIP
+    """
+    report = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    specs = [resolve(f) for f in ([formats] if isinstance(formats, (str, FormatSpec)) else formats)]
+    jobs = [(spec, tuple(int(d) for d in shape), dtype) for spec in specs for shape in shapes for dtype in dtypes]
+    if backend.get_backend() == "eager":
+        report("lowbit warmup: the eager backend compiles nothing")
+        return 0
+    ready = 0
+    for index, (spec, shape, dtype) in enumerate(jobs, 1):
+        if spec.is_stochastic or math.prod(shape) == 0:
+            continue
+        start = time.perf_counter()
+        report(f"lowbit warmup [{index}/{len(jobs)}] compiling {spec.describe()} {str(dtype).removeprefix('torch.')} "
+               f"{list(shape)} ...")  # fmt: skip
+        if not backend.build(backend.kernel_signature(spec, shape, dtype, device, inference)):
+            report("lowbit warmup: compiling failed; the eager path will be used")
+            return ready
+        ready += 1
+        report(f"lowbit warmup [{index}/{len(jobs)}] ready in {time.perf_counter() - start:.1f} s")
+    return ready

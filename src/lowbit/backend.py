@@ -10,15 +10,21 @@ shape does not trigger a recompile. Stochastic rounding always runs eagerly: tor
 numbers from its own generator, and a seed must give the same result on either path.
 
 Choose with ``lowbit.set_backend("eager" | "compiled" | "auto")`` or the environment variable
-``LOWBIT_BACKEND``. ``auto`` (the default) compiles tensors of at least ``AUTO_MIN_ELEMENTS`` elements,
-where a fused kernel pays for its one-off compile time, and runs smaller ones eagerly. If compiling fails
-(no C++ compiler, an unsupported op), lowbit warns once and stays eager for the rest of the process.
+``LOWBIT_BACKEND``. ``compiled`` compiles on first use and waits for it. ``auto`` (the default) never makes
+a caller wait for a compiler: it answers eagerly until a kernel key (spec, input dtype, rank, output dtype)
+has been called ``HOT_CALLS`` times on tensors of at least ``AUTO_MIN_ELEMENTS`` elements; then one
+background thread compiles the kernel on a zero tensor of the caller's shape, and from the next call on
+that (kernel key, device, shape, inference mode) runs the fused kernel. Both paths give the same bits, so
+the swap cannot change a result. ``lowbit.warmup`` (``api.py``) builds kernels up front, with a progress
+message. If compiling fails (no C++ compiler, an unsupported op), lowbit warns once and stays eager for the
+rest of the process. Nothing is compiled, and no thread is started, at import.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import queue
 import threading
 import types
 import warnings
@@ -33,13 +39,20 @@ if TYPE_CHECKING:
     from lowbit.formats._base import FormatSpec
 
 BACKENDS = ("auto", "eager", "compiled")
-AUTO_MIN_ELEMENTS = 1 << 18
+# auto: tensors smaller than this stay eager (a fused kernel saves little there); a kernel key becomes hot
+# after HOT_CALLS calls on larger ones and is then compiled in the background.
+AUTO_MIN_ELEMENTS = 1 << 14
+HOT_CALLS = 2
 _KernelKey = tuple  # (spec, dtype, rank, out dtype) for formats; (name, ...) for fused operator kernels
 
 _state = {"backend": None, "broken": False}
 _kernels: dict[_KernelKey, Callable[[torch.Tensor], torch.Tensor]] = {}
 _lock = threading.Lock()
 _serial = itertools.count()
+# Tiered execution (auto): calls per kernel key, (kernel key, device, shape, inference mode) signatures whose
+# kernel has run in the background (so calling it cannot compile), signatures queued, and the worker.
+_tier_lock = threading.Lock()  # never held while compiling
+_tiers: dict = {"calls": {}, "ready": set(), "queued": set(), "generation": 0, "worker": None, "jobs": None}
 # Fused kernels skip float32 -> bf16 -> float32 round trips unless told to emulate them; scales stored in
 # f16 / bf16 must be rounded exactly as eager rounds them.
 _INDUCTOR_OPTIONS = {"emulate_precision_casts": True}
@@ -73,21 +86,106 @@ def run(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) ->
     """``spec._quantize_in_dtype(x, generator)`` on the backend in force (x floating point, non-empty)."""
     if not wants_compiled(spec, x):
         return spec._quantize_in_dtype(x, generator)
+    upcast = spec.upcast_before_kernel and x.dtype in (torch.float16, torch.bfloat16)
+    dtype = torch.float32 if upcast else x.dtype
+    key = (spec, dtype, x.dim(), dtype)
+    if get_backend() == "auto" and not _ready_or_counted(key, x):
+        return spec._quantize_in_dtype(x, generator)  # eager until the background kernel is ready
     try:
-        if spec.upcast_before_kernel and x.dtype in (torch.float16, torch.bfloat16):
-            return _narrowed(kernel(spec, torch.float32, x.dim())(_dynamic(x.float())), x.dtype)
-        return kernel(spec, x.dtype, x.dim())(_dynamic(x))
+        if upcast:
+            return _narrowed(kernel(*key)(_dynamic(x.float())), x.dtype)
+        return kernel(*key)(_dynamic(x))
     except Exception as error:  # a missing compiler or an Inductor failure: fall back once, loudly
         _give_up(error)
         return spec._quantize_in_dtype(x, generator)
 
 
-def compiling_allowed(elements: int, auto_min_elements: int = AUTO_MIN_ELEMENTS) -> bool:
+def compiling_allowed(elements: int, auto_min_elements: int | None = None) -> bool:
     """Whether a fused kernel should run on an input of ``elements`` under the backend in force."""
     backend = get_backend()
     if backend == "eager" or _state["broken"]:
         return False
-    return backend == "compiled" or elements >= auto_min_elements
+    threshold = AUTO_MIN_ELEMENTS if auto_min_elements is None else auto_min_elements
+    return backend == "compiled" or elements >= threshold
+
+
+# ---- tiered execution: eager first, kernels built on a background thread ----------------------------------
+def _signature(key: _KernelKey, x: torch.Tensor) -> tuple:
+    return (key, x.device, tuple(x.shape), torch.is_inference_mode_enabled())
+
+
+def _ready_or_counted(key: _KernelKey, x: torch.Tensor) -> bool:
+    """True when the kernel for x's signature has already run in the background; otherwise count the call
+    and, once the key is hot, queue the signature for the background thread (never waits)."""
+    signature = _signature(key, x)
+    if signature in _tiers["ready"]:
+        return True
+    if not x.is_contiguous() or x.device.type == "meta":
+        return False  # the background sample is contiguous; meta tensors have nothing to run
+    with _tier_lock:
+        calls = _tiers["calls"][key] = _tiers["calls"].get(key, 0) + 1
+        if calls >= HOT_CALLS and signature not in _tiers["queued"]:
+            _tiers["queued"].add(signature)
+            _job_queue().put((_tiers["generation"], signature))
+    return False
+
+
+def _job_queue() -> queue.Queue:
+    """The background worker's queue; the daemon thread starts with the first job (caller holds _tier_lock)."""
+    if _tiers["worker"] is None or not _tiers["worker"].is_alive():
+        _tiers["jobs"] = _tiers["jobs"] or queue.Queue()
+        _tiers["worker"] = threading.Thread(target=_work, args=(_tiers["jobs"],), name="lowbit-compile", daemon=True)
+        _tiers["worker"].start()
+    return _tiers["jobs"]
+
+
+def _work(jobs: queue.Queue) -> None:
+    while True:
+        generation, signature = jobs.get()
+        try:
+            if generation == _tiers["generation"] and not _state["broken"]:
+                build(signature)
+        finally:
+            jobs.task_done()
+
+
+def build(signature: tuple) -> bool:
+    """Compile and run the kernel of ``signature`` on a zero tensor of its shape, then mark it ready.
+    Returns False (after the one warning) when compiling fails."""
+    key, device, shape, inference = signature
+    generation = _tiers["generation"]
+    sample = torch.zeros(shape, dtype=key[1], device=device)
+    try:
+        with torch.inference_mode() if inference else torch.no_grad():
+            kernel(*key)(_dynamic(sample))
+    except Exception as error:
+        _give_up(error)
+        return False
+    with _tier_lock:
+        if generation == _tiers["generation"]:
+            _tiers["ready"].add(signature)
+    return True
+
+
+def kernel_signature(spec: FormatSpec, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu",
+                     inference: bool = False) -> tuple:  # fmt: skip
+    """The signature ``run`` looks up for a tensor of this shape, dtype and device (for warm-up)."""
+    dtype = torch.float32 if spec.upcast_before_kernel and dtype in (torch.float16, torch.bfloat16) else dtype
+    return ((spec, dtype, len(shape), dtype), torch.device(device), tuple(shape), inference)
+
+
+def is_ready(signature: tuple) -> bool:
+    return signature in _tiers["ready"]
+
+
+def wait_for_background(timeout: float | None = None) -> bool:
+    """Block until the background thread has no queued kernel (True) or ``timeout`` seconds pass (False)."""
+    jobs = _tiers["jobs"]
+    if jobs is None:
+        return True
+    done = threading.Event()
+    threading.Thread(target=lambda: (jobs.join(), done.set()), daemon=True).start()
+    return done.wait(timeout)
 
 
 def run_fused(key: tuple, function: Callable, *args, dynamic_rows: bool = True) -> torch.Tensor:
@@ -156,19 +254,23 @@ def kernel(spec: FormatSpec, dtype: torch.dtype, rank: int, out_dtype: torch.dty
     up-cast of half types, the quantization and the saturating cast to ``out_dtype`` in one fused pass."""
     out_dtype = dtype if out_dtype is None else out_dtype
     key = (spec, dtype, rank, out_dtype)
-    with _lock:
-        compiled = _kernels.get(key)
-        if compiled is None:
-            compiled = torch.compile(_quantizer_function(spec, out_dtype), fullgraph=True, options=_INDUCTOR_OPTIONS)
-            _kernels[key] = compiled
+    compiled = _kernels.get(key)
+    if compiled is None:  # wrapped outside the lock: the first torch.compile imports Dynamo (seconds)
+        fresh = torch.compile(_quantizer_function(spec, out_dtype), fullgraph=True, options=_INDUCTOR_OPTIONS)
+        with _lock:
+            compiled = _kernels.setdefault(key, fresh)
     return compiled
 
 
 def clear_cache() -> None:
-    """Forget every compiled kernel (and re-enable compiling after a failure)."""
-    with _lock:
+    """Forget every compiled kernel and call count (and re-enable compiling after a failure); kernels still
+    being built in the background are dropped when they finish."""
+    with _lock, _tier_lock:
         _kernels.clear()
         _state["broken"] = False
+        _tiers["generation"] += 1
+        for name in ("calls", "ready", "queued"):
+            _tiers[name].clear()
 
 
 def _quantizer_function(spec: FormatSpec, out_dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -17,6 +17,7 @@ from torch import nn
 
 from lowbit.errors import ConfigError
 from lowbit.nn import accumulated_ops
+from lowbit.nn import weight_cache
 from lowbit.nn.roles import RoleFormats
 
 
@@ -53,7 +54,12 @@ class QuantModule:
         return f"{self.float_class.extra_repr(self)}, formats=[{self.formats.describe()}]"
 
     def _q(self, role: str, value):
-        return self.formats.apply(role, value)
+        # weights and biases are quantized once while they, the formats and the grad mode allow (weight_cache)
+        return weight_cache.cached_role(self, role, value, self.formats.apply)
+
+    def _apply(self, fn, *args, **kwargs):
+        weight_cache.clear(self)  # .to() / .half() / .cuda(): the cached copies would be stale
+        return super()._apply(fn, *args, **kwargs)
 
 
 class QuantLinear(QuantModule, nn.Linear):
