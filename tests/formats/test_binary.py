@@ -363,3 +363,37 @@ def test_bits_per_element_counts_the_scales():
     assert Binary().bits_per_element((10, 8)) == 1.0
     assert Binary(scaling_factor=True).bits_per_element((10, 8)) == 1 + 32 / 80
     assert Binary(scaling_factor=True, axis=1).bits_per_element((10, 8)) == 1 + 32 * 8 / 80
+
+
+def _around_midpoints(grid: torch.Tensor, steps: int = 3) -> torch.Tensor:
+    """Every value of the grid's dtype within ``steps`` ulps of each (rounded) midpoint of neighbours."""
+    found = []
+    for low, high in zip(grid[:-1].tolist(), grid[1:].tolist()):
+        center = torch.tensor([(low + high) / 2], dtype=grid.dtype)
+        found.append(center)
+        for direction in (math.inf, -math.inf):
+            y = center
+            for _ in range(steps):
+                y = torch.nextafter(y, torch.tensor([direction], dtype=grid.dtype))
+                found.append(y)
+    return torch.cat(found)
+
+
+@pytest.mark.parametrize("levels", range(1, 9))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_residual_decides_exactly_at_midpoints_and_mirrors_negatives(levels, dtype):
+    spec = BinaryResidual(levels=levels)
+    grid = torch.tensor(spec._grids[dtype], dtype=dtype)
+    x = _around_midpoints(grid)
+    exact = [Fraction(v) for v in grid.tolist()]
+    expected = [max(exact, key=lambda v: (-abs(v - Fraction(xv)), v)) for xv in x.tolist()]  # ties toward +inf
+    assert [Fraction(v) for v in spec(x).tolist()] == expected
+    ties = torch.tensor([any(2 * Fraction(xv) == a + b for a, b in zip(exact[:-1], exact[1:])) for xv in x.tolist()])
+    mirrored = spec(-x) == -spec(x)
+    assert bool(mirrored[~ties].all())
+
+
+def test_residual_issue_example_levels_3_float32():
+    spec = BinaryResidual(levels=3)
+    x = torch.tensor([0.83333337, -0.83333337], dtype=torch.float32)
+    assert spec(x).tolist() == [1.0, -1.0]

@@ -164,6 +164,24 @@ def residual_values(means: tuple[float, ...]) -> tuple[float, ...]:
     return tuple([-v for v in reversed(kept) if v > 0] + kept)
 
 
+def _decision_points(grid: tuple[float, ...], dtype: torch.dtype) -> tuple[tuple[float, ...], tuple[bool, ...]]:
+    """The midpoints of neighbouring grid values rounded to ``dtype``, and whether each exact midpoint lies
+    above its rounded one.
+
+    The sum s = fl(a + b) and its rounding error (Knuth's two-sum, exact in ``dtype``) give the exact
+    midpoint (a + b) / 2 = s / 2 + error / 2; no ``dtype`` value lies strictly between s / 2 and the exact
+    midpoint, so comparing x with s / 2 and the error's sign decides exactly, and the decisions are
+    mirror images for -x (the grid is symmetric). Comparing with the rounded midpoint alone is neither
+    nearest nor sign-symmetric (L = 3, float32: 0.83333337 -> 1.0 but -0.83333337 -> -2/3).
+    """
+    values = torch.tensor(grid, dtype=dtype)
+    low, high = values[:-1], values[1:]
+    total = low + high
+    back = total - low
+    error = (low - (total - back)) + (high - back)
+    return tuple((total / 2).tolist()), tuple((error > 0).tolist())
+
+
 @register
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BinaryResidual(FormatSpec):
@@ -184,10 +202,12 @@ class BinaryResidual(FormatSpec):
             total = self.levels * (self.levels + 1) / 2
             means = tuple((self.levels - i) / total for i in range(self.levels))
         object.__setattr__(self, "means", self._check_means(means))
-        # The value grid per compute dtype, as Python constants (two values may coincide once rounded).
+        # The value grid per compute dtype, as Python constants (two values may coincide once rounded), and
+        # its decision points (see _decision_points).
         grids = {dtype: tuple(torch.tensor(residual_values(self.means), dtype=dtype).unique().tolist())
                  for dtype in (torch.float32, torch.float64)}  # fmt: skip
         object.__setattr__(self, "_grids", grids)
+        object.__setattr__(self, "_midpoints", {dtype: _decision_points(grid, dtype) for dtype, grid in grids.items()})
 
     def _check_means(self, means) -> tuple[float, ...]:
         legal = f"must be {self.levels} finite positive numbers (one per level)"
@@ -208,13 +228,19 @@ class BinaryResidual(FormatSpec):
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         values = torch.tensor(self._grids[x.dtype], dtype=x.dtype, device=x.device)
-        midpoints = (values[:-1] + values[1:]) / 2
-        # The index of the nearest value = the number of midpoints <= x (a value on a midpoint goes to the
-        # upper neighbour: ties toward +inf). In compiled kernels, counting (elementwise, fused) beats a
-        # binary search up to 16 values; eager PyTorch is faster with bucketize. Both give the same index.
+        rounded, above = self._midpoints[x.dtype]
+        midpoints = torch.tensor(rounded, dtype=x.dtype, device=x.device)
+        # The index of the nearest value = the number of exact midpoints <= x (a value on a midpoint goes to
+        # the upper neighbour: ties toward +inf). Against the rounded midpoint m this is x >= m, except where
+        # the exact midpoint lies above m: there x == m is below it and goes down. In compiled kernels,
+        # counting (elementwise, fused) beats a binary search up to 16 values; eager PyTorch is faster with
+        # bucketize. Both give the same index.
         if values.numel() <= _COUNTED_GRID_SIZE and torch.compiler.is_compiling():
-            index = sum((x >= midpoint).to(torch.int64) for midpoint in midpoints.unbind())
+            index = sum(((x > m) if up else (x >= m)).to(torch.int64) for m, up in zip(midpoints.unbind(), above))
         else:
             index = torch.bucketize(x, midpoints, right=True)
+            for m, up in zip(rounded, above):
+                if up:
+                    index = index - (x == m).to(torch.int64)
         out = values.take(index)  # not values[index]: a 0-d index tensor would be read back as a Python int
         return torch.where(torch.isnan(x), x, out)
