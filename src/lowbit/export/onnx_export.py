@@ -1,4 +1,6 @@
-"""QDQ ONNX export of models fake-quantized with lowbit.nn modules (QuantLinear, QuantConv2d, ...).
+"""QDQ ONNX export of models fake-quantized with lowbit.nn modules (QuantLinear, QuantConv2d, ...), real-quantized
+with lowbit.ops modules (Int8DynamicLinear, W8A8StaticLinear, Int8WeightOnlyLinear, Int4WeightOnlyLinear,
+Int8Conv2d: exported with their own codes and scales by :mod:`lowbit.export.onnx_real`), or a mixture.
 
 How: the model is copied and every quantized role of every ``lowbit.nn`` quantized module is replaced by one
 of two marker ops (``torch.library`` custom ops, registered on first use):
@@ -54,8 +56,10 @@ import torch
 from torch import nn
 
 from lowbit._io import atomic_write_bytes
+from lowbit.export import onnx_real
 from lowbit.export._errors import ExportError
 from lowbit.formats import FormatSpec
+from lowbit.nn import weight_cache
 from lowbit.nn.modules import QuantModule
 from lowbit.qtensor import encode
 
@@ -92,7 +96,8 @@ class OnnxExport:
 def export_onnx(model: nn.Module, example_inputs: Any, path: str | os.PathLike, *, opset: int = OPSET,
                 dynamic_batch: bool = False, input_names: Sequence[str] | None = None,
                 output_names: Sequence[str] | None = None) -> OnnxExport:  # fmt: skip
-    """Write a QDQ ONNX model of ``model`` (fake-quantized with lowbit.nn modules) to ``path`` atomically.
+    """Write a QDQ ONNX model of ``model`` (fake-quantized with lowbit.nn modules, real-quantized with lowbit.ops
+    modules, or both) to ``path`` atomically.
 
     ``example_inputs``: a tensor or a tuple of positional inputs. ``dynamic_batch`` makes dimension 0 of
     every input dynamic. Raises ExportError for a role whose format ONNX cannot express (see the module doc).
@@ -102,7 +107,10 @@ def export_onnx(model: nn.Module, example_inputs: Any, path: str | os.PathLike, 
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     _reject_functional_quantization(model)
     exported = copy.deepcopy(model).eval()
-    layers = {}
+    translations = _ops()  # first: it reports missing onnx / onnxscript as an ExportError
+    layers = onnx_real.replace_real_modules(exported)
+    if layers:
+        translations = {**translations, **onnx_real.real_ops()}
     for name, module in exported.named_modules():
         if isinstance(module, QuantModule) and not module.formats.bypass:
             layers[name or "<root>"] = _prepare(name or "<root>", module)
@@ -111,7 +119,7 @@ def export_onnx(model: nn.Module, example_inputs: Any, path: str | os.PathLike, 
     try:
         with _quiet_exporter():
             program = torch.onnx.export(
-                exported, args, dynamo=True, opset_version=opset, custom_translation_table=_ops(),
+                exported, args, dynamo=True, opset_version=opset, custom_translation_table=translations,
                 dynamic_shapes=shapes, input_names=input_names, output_names=output_names, verbose=False,
             )  # fmt: skip
     except Exception as error:  # the exporter's own failures (unsupported torch op, tracing problem)
@@ -136,6 +144,11 @@ def _quiet_exporter():
 
 # ---- planning each role -------------------------------------------------------------------------------------
 def _prepare(name: str, module: QuantModule) -> dict[str, str]:
+    accumulator = getattr(module.formats, "accumulator", None)
+    if accumulator is not None:
+        raise ExportError(f"layer {name!r}: a simulated accumulator ({accumulator.describe()}) has no ONNX form; "
+                          "ONNX integer kernels accumulate in int32 / float32")  # fmt: skip
+    weight_cache.clear(module)  # quantized parameters cached by eager calls must not stand in for the markers
     plans, described = {}, {}
     for role, spec in module.formats.active().items():
         where = f"layer {name!r}, role {role!r}, format {spec.describe()}"
@@ -254,6 +267,8 @@ class _ExportRoles:
     """Stands in for a module's RoleFormats during export: each planned role calls its marker op."""
 
     bypass = False
+    accumulator = None  # a simulated accumulator is refused before (_prepare)
+    stream = None
 
     def __init__(self, module: nn.Module, plans: dict[str, RolePlan]) -> None:
         self._module, self._plans = module, plans

@@ -10,6 +10,8 @@ import io
 import math
 from typing import Any
 
+from lowbit.report.table import readable
+
 ROLE_COLOURS = {"data_in": "#4c72b0", "weight": "#dd8452", "bias": "#55a868", "data_out": "#c44e52"}
 _BAR = "#4c72b0"
 _ALONE = "#93b5e1"
@@ -72,61 +74,72 @@ def sqnr_chart(report: dict[str, Any]) -> bytes:
     return _png(figure)
 
 
-def bits_chart(report: dict[str, Any]) -> bytes:
-    """Bits per element of every role of every layer (scales and zero points included)."""
+def float_roles(report: dict[str, Any]) -> list[str]:
+    """"layer role (32 bits)" for every role left in float, listed under the bits chart instead of drawn."""
+    return [f"{row['name']} {role} ({entry['bits_per_element']:.3g} bits)" for row in report["layers"]
+            for role, entry in row["roles"].items() if entry["format"] == "float"]  # fmt: skip
+
+
+def bits_chart(report: dict[str, Any]) -> bytes | None:
+    """Bits per element of every quantized role of every layer (scales and zero points included); roles
+    left in float are not drawn (their 32-bit bars would squash the low-bit ones): see float_roles."""
     rows = report["layers"]
-    roles = [role for role in ROLE_COLOURS if any(role in row["roles"] for row in rows)]
+    quantized = lambda entry: entry is not None and entry["format"] != "float"  # noqa: E731
+    roles = [role for role in ROLE_COLOURS if any(quantized(row["roles"].get(role)) for row in rows)]
+    if not roles:
+        return None
     figure = _figure(9.0, _height(len(rows)))
     axes = figure.add_subplot()
-    width = 0.8 / max(len(roles), 1)
+    width = 0.8 / len(roles)
+    top = 0.0
     for index, role in enumerate(roles):
         offsets = [p - 0.4 + width * (index + 0.5) for p in range(len(rows))]
         entries = [row["roles"].get(role) for row in rows]
-        values = [entry["bits_per_element"] if entry else 0.0 for entry in entries]
-        floats = [entry is not None and entry["format"] == "float" for entry in entries]
-        bars = axes.barh(offsets, values, height=width, color=ROLE_COLOURS[role], label=role)
-        for bar, is_float in zip(bars, floats):
-            if is_float:  # a role left in float: pale and hatched, so quantized roles stand out
-                bar.set_alpha(0.3)
-                bar.set_hatch("//")
-        for offset, value, is_float in zip(offsets, values, floats):
+        values = [entry["bits_per_element"] if quantized(entry) else 0.0 for entry in entries]
+        top = max(top, *values)
+        axes.barh(offsets, values, height=width, color=ROLE_COLOURS[role], label=role)
+        for offset, value in zip(offsets, values):
             if value:
-                axes.annotate(f"{value:.3g}{' (float)' if is_float else ''}", (value, offset), xytext=(2, 0),
-                              textcoords="offset points", va="center", fontsize=7)  # fmt: skip
+                axes.annotate(f"{value:.3g}", (value, offset), xytext=(2, 0), textcoords="offset points",
+                              va="center", fontsize=7)  # fmt: skip
     axes.set_yticks(range(len(rows)), [row["name"] for row in rows])
     axes.invert_yaxis()
-    axes.set_xlabel("bits per element (incl. scales / zero points; float roles at their dtype)")
+    axes.set_xlim(0, top * 1.12)
+    axes.set_xlabel("bits per element of the quantized roles (codes + scales / zero points)")
     axes.set_title("Bits per element")
-    from matplotlib.patches import Patch
-
-    handles = [Patch(color=ROLE_COLOURS[role], label=role) for role in roles]
-    handles.append(Patch(facecolor="white", edgecolor="grey", hatch="//", label="left in float"))
-    _legend_outside(axes, handles)
+    _legend_outside(axes)
     axes.grid(axis="x", alpha=0.3)
     return _png(figure)
 
 
 def sensitivity_chart(report: dict[str, Any]) -> bytes | None:
-    """The task metric with only one layer quantized, worst first; None without a ranking."""
+    """The change of the task metric (vs the float model) with only one layer quantized, worst first; None
+    without a ranking. Drawing the change, not the metric, keeps a cosine of 0.99999 from reading as 1."""
     ranking = report.get("sensitivity")
     if not ranking:
         return None
     summary = report["summary"]
+    scale = 100.0 if summary["metric"] == "accuracy" else 1.0
     figure = _figure(9.0, _height(len(ranking)))
     axes = figure.add_subplot()
-    values, notes = _finite_for_plot([entry["metric"] for entry in ranking])
+    deltas = [entry["metric"] - summary["float_metric"] for entry in ranking]
+    values = [0.0 if math.isnan(d) else d * scale for d in deltas]
     axes.barh(range(len(ranking)), values, color="#8172b3")
-    for position, value, note in zip(range(len(ranking)), values, notes):
-        axes.annotate(note if note == "n/a" else f"{value:.4g}", (value, position), xytext=(3, 0),
-                      textcoords="offset points", va="center", fontsize=8)  # fmt: skip
-    axes.axvline(summary["float_metric"], color="black", linestyle="--", linewidth=1, label="float model")
-    axes.axvline(summary["quantized_metric"], color="#c44e52", linestyle=":", linewidth=1.5,
-                 label="all layers quantized")
-    axes.set_yticks(range(len(ranking)), [entry["layer"] for entry in ranking])
+    for position, (value, delta) in enumerate(zip(values, deltas)):
+        note = "n/a" if math.isnan(delta) else f"{value:.3g}"
+        axes.annotate(note, (value, position), xytext=(3 if value >= 0 else -3, 0), textcoords="offset points",
+                      va="center", ha="left" if value >= 0 else "right", fontsize=8)  # fmt: skip
+    axes.axvline(0.0, color="black", linewidth=1, label="float model")
+    if math.isfinite(summary["metric_delta"]):
+        axes.axvline(summary["metric_delta"] * scale, color="#c44e52", linestyle=":", linewidth=1.5,
+                     label="all layers quantized")  # fmt: skip
+    labels = [f"#{entry.get('rank', index + 1)} {entry['layer']}" for index, entry in enumerate(ranking)]
+    axes.set_yticks(range(len(ranking)), labels)
     axes.invert_yaxis()
-    _zoom(axes, [*values, summary["float_metric"], summary["quantized_metric"]])
-    axes.set_xlabel(f"{summary['metric']} with only this layer quantized")
-    axes.set_title("Sensitivity ranking (most sensitive first)")
+    _zoom(axes, [*values, 0.0, summary["metric_delta"] * scale])
+    unit = "accuracy points" if summary["metric"] == "accuracy" else summary["metric"]
+    axes.set_xlabel(f"change of {unit} vs float with only this layer quantized")
+    axes.set_title("Sensitivity ranking (most sensitive first; ties share a rank)")
     _legend_outside(axes)
     return _png(figure)
 
@@ -137,7 +150,7 @@ def _zoom(axes, values: list[float]) -> None:
     if not finite:
         return
     low, high = min(finite), max(finite)
-    pad = max((high - low) * 0.15, abs(high) * 1e-3, 1e-6)
+    pad = max((high - low) * 0.2, abs(high) * 1e-3, 1e-9)
     axes.set_xlim(low - pad, high + pad)
 
 
@@ -166,7 +179,7 @@ def histogram_chart(entry: dict[str, Any]) -> bytes:
         axes.plot([], [], color="#c44e52", linestyle="--", label="format range")
     axes.set_yscale("symlog", linthresh=1)
     axes.set_xlim(edges[0], edges[-1])
-    axes.set_title(f"{entry['layer']} · {entry['role']} · {entry['format']}", fontsize=10)
+    axes.set_title(f"{entry['layer']} · {entry['role']} · {readable(entry['format'])}", fontsize=10)
     axes.set_ylabel("count")
     axes.set_xlabel("weight value" if entry["role"] == "weight" else "input activation value")
     _legend_outside(axes)

@@ -8,7 +8,7 @@ import html
 from typing import Any
 
 from lowbit.report import charts
-from lowbit.report.table import COLUMNS, ROLE_COLUMNS, layer_cells, role_rows, summary_lines
+from lowbit.report.table import COLUMNS, ROLE_COLUMNS, header_items, layer_cells, role_rows, summary_lines
 
 _STYLE = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 24px auto; max-width: 1100px;
@@ -20,6 +20,9 @@ th { background: #f3f5f9; } th.text { text-align: left; }
 td.text { text-align: left; font-family: ui-monospace, monospace; white-space: pre-line; }
 ul.summary li { margin: 3px 0; } img { max-width: 100%; border: 1px solid #eee; margin: 6px 0; }
 .note { color: #666; font-size: 0.85em; }
+dl.header { display: grid; grid-template-columns: max-content auto; gap: 2px 14px; margin: 8px 0 16px;
+            font-size: 0.92em; } dl.header dt { color: #555; font-weight: 600; } dl.header dd { margin: 0;
+            font-family: ui-monospace, monospace; overflow-wrap: anywhere; }
 """
 
 
@@ -28,10 +31,9 @@ def render_html(report: dict[str, Any]) -> str:
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         "<title>lowbit quantization report</title>", f"<style>{_STYLE}</style></head><body>",
-        "<h1>Quantization report</h1>", _summary(report), "<h2>Layers</h2>", _layer_table(report),
-        "<h2>Roles</h2>", _role_table(report), "<h2>Charts</h2>",
-        _image(charts.sqnr_chart(report), "per-layer SQNR chart"),
-        _image(charts.bits_chart(report), "bits per element chart"),
+        "<h1>Quantization report</h1>", _header(report), _summary(report), "<h2>Layers</h2>",
+        _layer_table(report), "<h2>Roles</h2>", _role_table(report), "<h2>Charts</h2>",
+        _image(charts.sqnr_chart(report), "per-layer SQNR chart"), _bits(report),
     ]  # fmt: skip
     sensitivity = charts.sensitivity_chart(report)
     if sensitivity is not None:
@@ -45,6 +47,20 @@ def render_html(report: dict[str, Any]) -> str:
 def _image(png: bytes, alt: str) -> str:
     data = base64.b64encode(png).decode("ascii")
     return f'<div><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></div>'
+
+
+def _header(report: dict[str, Any]) -> str:
+    items = "".join(f"<dt>{html.escape(label)}</dt><dd>{html.escape(value)}</dd>" for label, value in header_items(report))
+    return f'<dl class="header">{items}</dl>' if items else ""
+
+
+def _bits(report: dict[str, Any]) -> str:
+    chart = charts.bits_chart(report)
+    parts = [] if chart is None else [_image(chart, "bits per element chart")]
+    floats = charts.float_roles(report)
+    if floats:
+        parts.append(f'<p class="note">Left in float (not drawn): {html.escape(", ".join(floats))}.</p>')
+    return "\n".join(parts)
 
 
 def _summary(report: dict[str, Any]) -> str:
