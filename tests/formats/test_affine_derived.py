@@ -323,3 +323,37 @@ def test_empty_zero_dim_and_high_rank():
     x = torch.randn(2, 1, 3, 1, 4, 5, generator=torch.Generator().manual_seed(0))
     out = Affine(bits=4, symmetric=True, block_size=[2, 5])(x)
     assert out.shape == x.shape and torch.all((out - x).abs() <= x.abs().max() / 7 / 2 + 1e-6)
+
+
+def test_stochastic_is_unbiased_at_the_ends_of_the_issue_block():
+    # [-0.6, 0.5, 14.4], 4 bits: a nearest-rounded zero point left 14.4 0.4 step past the last code, and the
+    # clamped draws averaged 14.0
+    draws = 100000
+    block = torch.tensor([-0.6, 0.5, 14.4], dtype=torch.float64)
+    spec = Affine(bits=4, axis=0, rounding="stochastic")
+    data = block.expand(draws, -1).contiguous()  # one block per row
+    scale = spec.scale_and_zero_point(data).scale[0]
+    mean = spec(data, seed=3).mean(0)
+    assert torch.all((mean - block).abs() <= 5 * scale * 0.5 / math.sqrt(draws)), mean
+    assert abs(mean[2].item() - 14.4) < 0.01
+
+
+@pytest.mark.parametrize("bits, power_of_two, scale_dtype", [(4, False, "f32"), (3, False, "f16"), (8, False, "bf16"),
+                                                             (4, True, "f32"), (2, False, "f32")])  # fmt: skip
+def test_stochastic_grid_covers_every_block_range(bits, power_of_two, scale_dtype):
+    """Every element of a block lies between two codes (no clamped draw), so E[y] = x at both ends too."""
+    generator = torch.Generator().manual_seed(0)
+    blocks = torch.randn(200, 32, generator=generator) * torch.rand(200, 1, generator=generator) * 5
+    blocks = blocks + torch.randn(200, 1, generator=generator)
+    spec = Affine(bits=bits, axis=0, rounding="stochastic", power_of_two=power_of_two, scale_dtype=scale_dtype)
+    scale, zero_point = spec.scale_and_zero_point(blocks)
+    q_min, q_max = code_limits(bits, True)
+    codes = blocks * (1.0 / scale) + zero_point
+    assert torch.all((codes >= q_min) & (codes <= q_max))
+    assert torch.all(zero_point == torch.round(zero_point))
+    # the ends of every block, drawn 1000 times: mean within 5 sigma of x
+    ends = torch.stack([blocks.amin(1), blocks.amax(1)], 1)
+    data = torch.cat([blocks, ends], 1).repeat(1000, 1)
+    mean = spec(data, seed=11).view(1000, 200, 34).mean(0)[:, 32:]
+    step = scale[:, :2]
+    assert torch.all((mean - ends).abs() <= 5 * step * 0.5 / math.sqrt(1000) + 1e-6)

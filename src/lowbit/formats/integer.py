@@ -256,8 +256,44 @@ class Affine(FormatSpec):
             return self._fit_scale(amax / q_max, -amax, amax)
         low, high = finite_min_max(blocked, dims)
         levels = q_max - q_min
+        if self._covers_range:
+            levels -= 1  # one step of headroom, so that both ends of the range lie inside the codes
         span = high - low  # overflows to inf only for a range wider than the float range: split it then
-        return self._fit_scale(torch.where(torch.isinf(span), high / levels - low / levels, span / levels), low, high)
+        raw = torch.where(torch.isinf(span), high / levels - low / levels, span / levels)
+        if self._covers_range:
+            return self._covering_scale(raw, low, high)
+        return self._fit_scale(raw, low, high)
+
+    @property
+    def _covers_range(self) -> bool:
+        """Stochastic rounding of derived asymmetric parameters: the grid must cover [low, high].
+
+        The zero point is an integer (zero stays exact), so low and high cannot both be codes in general; a
+        grid that rounds low's code to nearest leaves the other end up to half a step past the last code,
+        where draws are clamped and E[y] != x. With one step of headroom and low's code rounded down,
+        every element of the range lies between two codes and is rounded without bias.
+        """
+        q_min, q_max = self.code_range
+        return self.is_stochastic and not self.symmetric and q_max - q_min > 1
+
+    def _covering_scale(self, raw: torch.Tensor, low: torch.Tensor, high: torch.Tensor):
+        """(scale, zero point) whose grid covers [low, high]: the scale never rounds below ``raw`` (its
+        stored and shortened forms are rounded up), the zero point puts low on or above the first code."""
+        raw = safe_scale(raw) * (1 + 2.0 ** (self.bits - 22))  # room for shorten_scale's rounding down
+        if self.power_of_two:
+            raw = ceil_power_of_two(raw)
+        scale = shorten_scale(safe_scale(round_scale_up(raw, self.scale_dtype)), self.bits)
+        zero_point = self._floor_zero_point(low, scale)
+        # float rounding of high / scale can still land a hair past the last code (rarely): widen there
+        q_min, q_max = self.clamp_range
+        inverse = 1.0 / scale
+        past = (high * inverse + zero_point > q_max) | (low * inverse + zero_point < q_min)
+        scale = torch.where(past, scale * 2, scale)
+        return scale, self._floor_zero_point(low, scale)
+
+    def _floor_zero_point(self, low: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        q_min, q_max = self.code_range
+        return (q_min - torch.floor(low * (1.0 / scale))).clamp(q_min, q_max)
 
     def _fit_scale(self, raw: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Scale and zero point from the raw min-max scale of blocks spanning [low, high].
