@@ -113,7 +113,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"parameters: {s['total_bytes']:,} bytes vs {s['fp32_bytes']:,} in fp32 "
         f"({fmt_number(s['compression'])}x smaller), "
         f"{fmt_number(s['average_bits_per_weight'], 3)} bits per weight on average",
-        f"{s['layers']} quantized layers, {s['batches']} batches, {s['samples']} samples",
+        f"{s['layers']} quantized layers, {s['batches']} batch{'es' if s['batches'] != 1 else ''}, {s['samples']} samples",
     ]  # fmt: skip
     timed = [row["latency"] for row in report["layers"] if row.get("latency")]
     if timed:
