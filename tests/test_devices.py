@@ -30,7 +30,8 @@ from lowbit.errors import FormatError
 from lowbit.formats import resolve
 from lowbit.nn.modules import QuantConv2d, QuantLayerNorm, QuantLinear
 from lowbit.nn.roles import RoleFormats
-from lowbit.ops.gptq import HessianAccumulator, _next_stage, gptq_quantize
+from lowbit.flows.gptq import _next_stage
+from lowbit.ops.gptq import HessianAccumulator, gptq_quantize
 from lowbit.qtensor import encode
 
 from format_cases import CASE_IDS, CASES

@@ -3,22 +3,48 @@
     >>> import torch, lowbit
     >>> x = torch.randn(4, 64)
     >>> y = lowbit.quantize(x, "affine", bits=4, symmetric=True, axis=0)
+
+Models: ``lowbit.quantize_(model, "int8_dynamic")`` (real int8 kernels), ``lowbit.quantize_(model,
+"mxfp4_e2m1")`` (simulated), MASE pass_args, or a typed recipe from ``lowbit.flows``; ``lowbit.save`` /
+``lowbit.load`` round-trip the result. Subpackages (``lowbit.ptq``, ``lowbit.ops``, ``lowbit.graph``, ...)
+are imported on first use, so ``import lowbit`` stays light.
 """
 
+import importlib
+
 from lowbit import formats
+from lowbit._version import __version__
 from lowbit.api import quantize, warmup
 from lowbit.backend import get_backend, set_backend
 from lowbit.errors import ConfigError, FormatError, LowbitError
 from lowbit.formats import ROUNDING_MODES, FormatSpec, get_format, list_formats
-from lowbit.convert import quantize_model  # lowbit.ops (kernels) is imported on first use
-from lowbit.export import load, save  # safetensors is imported only when they run
 from lowbit.qtensor import QTensor, encode
 
-__version__ = "0.1.0"
+# Documented subpackages and the functions of higher floors, loaded when first touched.
+_SUBPACKAGES = ("api", "backend", "calibrate", "cli", "config", "convert", "datasets", "export", "flows", "graph",
+                "models", "nn", "ops", "pipeline", "ptq", "qtensor", "report", "train")  # fmt: skip
+_LAZY = {"quantize_": "lowbit.flows", "quantize_model": "lowbit.flows", "save": "lowbit.export",
+         "load": "lowbit.export", "export_onnx": "lowbit.export"}  # fmt: skip
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _SUBPACKAGES:
+        value = importlib.import_module(f"lowbit.{name}")
+    else:
+        raise AttributeError(f"module 'lowbit' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SUBPACKAGES) | set(_LAZY))
+
 
 __all__ = [
     "ConfigError", "FormatError", "FormatSpec", "LowbitError", "ROUNDING_MODES",
     "formats", "get_backend", "get_format", "list_formats", "quantize", "set_backend", "warmup", "__version__",
 ]  # fmt: skip
-__all__ += ["QTensor", "encode", "load", "save"]
-__all__ += ["quantize_model"]
+__all__ += ["QTensor", "encode", "load", "save", "export_onnx"]
+__all__ += ["quantize_", "quantize_model"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from torch import nn
 from lowbit._io import atomic_write_bytes
 from lowbit.errors import LowbitError
 from lowbit.export._errors import SerializationError
+from lowbit.export.records import ModuleClasses, module_records, real_module_classes, rebuild_modules
 from lowbit.qtensor.tensor import QTensor
 
 SCHEMA = "lowbit.safetensors"
@@ -32,20 +33,20 @@ SEPARATOR = "#"  # QTensor parts are stored as "<name>#codes", "<name>#params.sc
 _PLACEHOLDER = "?" * 64  # same length as a SHA-256 hex digest, patched in after hashing the data section
 _HEADER_KEYS = ("schema", "schema_version", "kind", "data_sha256", "entries", "modules")
 
-ModuleClasses = Mapping[str, type] | Iterable[type] | None
-
 
 # ---- save -------------------------------------------------------------------------------------------------
 def save(obj: nn.Module | Mapping[str, torch.Tensor | QTensor], path: str | os.PathLike, *,
          modules: ModuleClasses = None) -> None:  # fmt: skip
     """Write ``obj`` (a dict name -> Tensor / QTensor, or a module) to ``path`` atomically.
 
-    For a module: its state dict, plus the class name and ``config()`` of every real-quantized submodule
-    (classes in ``lowbit.ops.REAL_MODULES`` or given in ``modules``), so that ``load`` can rebuild them.
+    For a module: its state dict, plus a record of every quantized submodule (real ones: class name and
+    ``config()``, for classes in ``lowbit.ops.REAL_MODULES`` or given in ``modules``; simulated ones: class
+    name and formats; see :mod:`lowbit.export.records`), so that ``load`` can rebuild them. A quantized
+    module it cannot record makes it refuse.
     """
     registry = real_module_classes(modules)
     if isinstance(obj, nn.Module):
-        kind, state, records = "module", obj.state_dict(), _module_records(obj, registry)
+        kind, state, records = "module", obj.state_dict(), module_records(obj, registry)
     elif isinstance(obj, Mapping):
         kind, state, records = "tensors", obj, {}
     else:
@@ -72,21 +73,6 @@ def _store_entry(name: str, value: Any, tensors: dict[str, torch.Tensor]) -> dic
     raise SerializationError(
         f"cannot save {name!r} of type {type(value).__name__}: lowbit files hold tensors and QTensors only (no pickle)"
     )
-
-
-def _module_records(model: nn.Module, registry: dict[str, type]) -> dict[str, dict[str, Any]]:
-    records = {}
-    for qualname, module in model.named_modules():
-        cls = type(module)
-        if registry.get(cls.__name__) is not cls:
-            continue
-        config = module.config()
-        try:
-            json.dumps(config, allow_nan=False)
-        except (TypeError, ValueError) as error:
-            raise SerializationError(f"module {qualname!r} ({cls.__name__}): config() is not JSON: {error}") from None
-        records[qualname] = {"class": cls.__name__, "config": config}
-    return records
 
 
 def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -125,8 +111,9 @@ def load(path: str | os.PathLike, model: nn.Module | None = None, *, modules: Mo
     """Read a file written by :func:`save`.
 
     Without ``model``: a dict name -> Tensor / QTensor. With ``model`` (the float architecture): the recorded
-    real-quantized modules are rebuilt with ``cls.from_config(config)`` and swapped in, then the state is
-    loaded with ``load_state_dict(strict=strict)``; returns the model.
+    quantized modules are rebuilt (real ones with ``cls.from_config(config)``, simulated ones from the
+    model's own module and the recorded formats) and swapped in, then the state is loaded with
+    ``load_state_dict(strict=strict)``; returns the model.
     """
     header, tensors = read_file(path)
     state = {name: _load_entry(name, entry, tensors) for name, entry in header["entries"].items()}
@@ -134,7 +121,7 @@ def load(path: str | os.PathLike, model: nn.Module | None = None, *, modules: Mo
         return state
     if not isinstance(model, nn.Module):
         raise SerializationError(f"load(model=...) expects an nn.Module, got {type(model).__name__}")
-    model = _swap_modules(model, header["modules"], real_module_classes(modules))
+    model = rebuild_modules(model, header["modules"], real_module_classes(modules))
     try:
         model.load_state_dict(state, strict=strict)
     except (RuntimeError, ValueError, TypeError) as error:
@@ -236,50 +223,7 @@ def _tensor(tensors: dict[str, torch.Tensor], key: str, name: str) -> torch.Tens
     return tensors[key]
 
 
-# ---- real-quantized modules -------------------------------------------------------------------------------
-def real_module_classes(extra: ModuleClasses = None) -> dict[str, type]:
-    """Class name -> class of every real-quantized module: ``lowbit.ops.REAL_MODULES`` plus ``extra``."""
-    registry: dict[str, type] = {}
-    try:
-        from lowbit.ops import REAL_MODULES
-    except ModuleNotFoundError as error:  # lowbit.ops not installed: only the classes given here
-        if error.name not in ("lowbit.ops",):
-            raise
-    else:
-        registry.update(REAL_MODULES)
-    if isinstance(extra, Mapping):
-        registry.update(extra)
-    elif extra is not None:
-        registry.update({cls.__name__: cls for cls in extra})
-    return registry
-
-
-def _swap_modules(model: nn.Module, records: dict[str, Any], registry: dict[str, type]) -> nn.Module:
-    for qualname, record in records.items():
-        cls = registry.get(record.get("class")) if isinstance(record, dict) else None
-        if cls is None:
-            known = ", ".join(sorted(registry)) or "none"
-            raise SerializationError(f"module {qualname!r}: unknown real-quantized class {record!r}; known: {known}")
-        try:
-            replacement = cls.from_config(record["config"])
-        except (LowbitError, KeyError, TypeError, ValueError) as error:
-            raise SerializationError(f"module {qualname!r}: {cls.__name__}.from_config failed: {error}") from None
-        if not qualname:
-            model = replacement
-            continue
-        parent_name, _, attribute = qualname.rpartition(".")
-        try:
-            parent = model.get_submodule(parent_name)
-            getattr(parent, attribute)
-        except AttributeError:
-            raise SerializationError(
-                f"module {qualname!r} recorded in the file does not exist in the given model (another architecture?)"
-            ) from None
-        setattr(parent, attribute, replacement)
-    return model
-
-
 def _version() -> str:
-    from lowbit import __version__
+    from lowbit._version import __version__
 
     return __version__

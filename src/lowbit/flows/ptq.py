@@ -1,8 +1,11 @@
 """Post-training quantization flows: static (calibrated activation scales), dynamic, weight-only.
 
 All three work on any ``nn.Module`` (a ``QGraph``'s ``model`` included) by swapping modules, so they also
-serve models torch.fx cannot trace. Targets are selected by op (``ops=("linear", "conv2d")``) and every
-flow returns ``(model, info)`` with the model changed in place, like the graph passes.
+serve models torch.fx cannot trace. Targets are selected by op (``ops=("linear", "conv2d")``); each flow
+builds the role -> format map of every target (:class:`~lowbit.nn.roles.RoleFormats`) and swaps the modules
+for simulated quantized ones (``lowbit.flows.simulated.swap_formats``), returning ``(model, info)`` with the
+model changed in place, like the graph passes. These are the simulated flows; the real-execution recipes
+(``lowbit.quantize_(model, "int8_dynamic")`` ...) compute the same formats with integer kernels.
 
 - **static**: :func:`calibrate` runs N batches through the float model with an observer on the input of
   every target module and returns a :class:`CalibrationState` (ranges per module, saved and loaded as
@@ -27,12 +30,15 @@ import torch
 from torch import nn
 
 from lowbit._io import atomic_write_text
+from lowbit._model import run_batches
 from lowbit.errors import ConfigError, LowbitError, did_you_mean
-from lowbit.formats import FormatSpec
+from lowbit.flows.simulated import swap_formats
+from lowbit.formats import FormatSpec, resolve
 from lowbit.formats.binary import Binary
 from lowbit.formats.ternary import Ternary
-from lowbit.graph.module_swap import quantize_module_transform_pass, swappable_modules
+from lowbit.graph.module_swap import swappable_modules
 from lowbit.nn.config import OP_ROLES
+from lowbit.nn.roles import RoleFormats
 
 DEFAULT_OPS = ("linear", "conv1d", "conv2d")
 OBSERVERS = ("min_max", "moving_average", "percentile", "mse", "histogram")
@@ -112,15 +118,6 @@ def _make_observer(name: str, arguments: dict[str, Any]):
     return classes[name](**arguments)
 
 
-def _model_inputs(batch: Any) -> tuple[tuple, dict]:
-    """A batch as the model's arguments: a dict is keyword arguments, a (x, y) pair gives x, a tensor is x."""
-    if isinstance(batch, dict):
-        return (), batch
-    if isinstance(batch, (tuple, list)):
-        return (batch[0],), {}
-    return (batch,), {}
-
-
 @torch.no_grad()
 def calibrate(model: nn.Module, batches: Iterable[Any], *, num_batches: int | None = None,
               ops: Iterable[str] = DEFAULT_OPS, observer: str = "min_max", observer_args: dict | None = None,
@@ -140,20 +137,8 @@ def calibrate(model: nn.Module, batches: Iterable[Any], *, num_batches: int | No
     activation_format = "affine" if spec is None else spec.format_name
     targets = _targets(model, ops)
     watchers = {name: _make_observer(observer, dict(observer_args or {})) for name in targets}
-    hooks = [module.register_forward_pre_hook(_watch(watchers[name])) for name, module in targets.items()]
-    was_training, seen = model.training, 0
-    model.eval()
-    try:
-        for batch in batches:
-            if num_batches is not None and seen >= num_batches:
-                break
-            args, kwargs = _model_inputs(batch)
-            model(*args, **kwargs)
-            seen += 1
-    finally:
-        for hook in hooks:
-            hook.remove()
-        model.train(was_training)
+    hooks = {module: _watch(watchers[name]) for name, module in targets.items()}
+    seen = run_batches(model, batches, hooks, num_batches=num_batches)
     if seen == 0:
         raise ConfigError("calibration saw no batches: the data is empty")
     ranges = {}
@@ -170,13 +155,13 @@ def _watch(observer):
     return hook
 
 
-def _weight_keys(bits: int, group_size: int | None) -> dict[str, Any]:
-    keys: dict[str, Any] = {"weight_bits": bits, "weight_symmetric": True}
-    if group_size is None:
-        keys["weight_axis"] = 0
-    else:
-        keys["weight_block_size"] = [1, group_size]
-    return keys
+def _weight_spec(bits: int, group_size: int | None) -> FormatSpec:
+    """Symmetric affine weights per output channel, or per group of ``group_size`` inputs."""
+    granularity = {"axis": 0} if group_size is None else {"block_size": (1, group_size)}
+    try:
+        return resolve("affine", bits=bits, symmetric=True, **granularity)
+    except LowbitError as error:
+        raise ConfigError(f"weights: {error}") from None
 
 
 def quantize_static(model: nn.Module, state: CalibrationState, *, weight_bits: int = 8,
@@ -195,16 +180,16 @@ def quantize_static(model: nn.Module, state: CalibrationState, *, weight_bits: i
     if spec is not None:
         return _quantize_static_with(model, state, spec, weight_bits, weight_group_size)
     modules = dict(model.named_modules())
-    args: dict[str, Any] = {"by": "name"}
+    weight = _weight_spec(weight_bits, weight_group_size)
+    plan = {}
     for name, entry in state.ranges.items():
         _check_module(name, modules)
         low, high = torch.tensor(entry["min"]), torch.tensor(entry["max"])
         scale, zero_point = scale_zero_point(low, high, state.bits, signed=state.signed, symmetric=state.symmetric)
-        config = {"name": "affine", "data_in_bits": state.bits, "data_in_signed": state.signed,
-                  "data_in_scale": float(scale.flatten()[0]), "data_in_zero_point": int(zero_point.flatten()[0]),
-                  **_weight_keys(weight_bits, weight_group_size)}  # fmt: skip
-        args[name] = {"config": config}
-    return quantize_module_transform_pass(model, args)
+        data_in = resolve("affine", bits=state.bits, signed=state.signed, scale=float(scale.flatten()[0]),
+                          zero_point=int(zero_point.flatten()[0]))  # fmt: skip
+        plan[name] = RoleFormats(data_in=data_in, weight=weight)
+    return model, swap_formats(model, plan)
 
 
 def _activation_spec(fmt: str | FormatSpec, where: str) -> FormatSpec | None:
@@ -232,16 +217,14 @@ def _quantize_static_with(model: nn.Module, state: CalibrationState, spec: Forma
     from lowbit.calibrate import MinMaxObserver, calibrated_spec
 
     modules = dict(model.named_modules())
-    args: dict[str, Any] = {"by": "name"}
+    weight = _weight_spec(weight_bits, weight_group_size)
+    plan = {}
     for name, entry in state.ranges.items():
         _check_module(name, modules)
         observer = MinMaxObserver()
         observer.update(torch.tensor(entry["min"] + entry["max"], dtype=torch.float32))  # the widest range
-        frozen = calibrated_spec(observer, spec)
-        config = {"name": "affine", "data_in_name": frozen.format_name, **_weight_keys(weight_bits, weight_group_size),
-                  **{f"data_in_{key}": value for key, value in frozen.params().items()}}  # fmt: skip
-        args[name] = {"config": config}
-    return quantize_module_transform_pass(model, args)
+        plan[name] = RoleFormats(data_in=calibrated_spec(observer, spec), weight=weight)
+    return model, swap_formats(model, plan)
 
 
 def _check_module(name: str, modules: dict[str, nn.Module]) -> None:
@@ -253,21 +236,19 @@ def _check_module(name: str, modules: dict[str, nn.Module]) -> None:
 def quantize_dynamic(model: nn.Module, *, bits: int = 8, per: str = "token", weight_bits: int = 8,
                      ops: Iterable[str] = ("linear",)) -> tuple[nn.Module, dict[str, Any]]:  # fmt: skip
     """Activation scale and zero point from each call's data (per tensor, or per token = per last-dim row)."""
-    granularity = {"tensor": {}, "token": {"data_in_block_size": [1, -1]}}
+    granularity = {"tensor": {}, "token": {"block_size": (1, -1)}}
     if per not in granularity:
         raise ConfigError(f"per={per!r} is not a dynamic granularity; legal: tensor, token")
-    config = {"name": "affine", "data_in_bits": bits, **granularity[per], **_weight_keys(weight_bits, None)}
-    return _by_type(model, ops, config)
+    data_in = resolve("affine", bits=bits, **granularity[per])
+    return _by_type(model, ops, RoleFormats(data_in=data_in, weight=_weight_spec(weight_bits, None)))
 
 
 def quantize_weight_only(model: nn.Module, *, bits: int = 4, group_size: int | None = None,
                          ops: Iterable[str] = DEFAULT_OPS) -> tuple[nn.Module, dict[str, Any]]:  # fmt: skip
     """Weights only (symmetric, per output channel, or per group of ``group_size`` inputs); data stays float."""
-    config = {"name": "affine", "data_in_name": "NA", **_weight_keys(bits, group_size)}
-    return _by_type(model, ops, config)
+    return _by_type(model, ops, RoleFormats(weight=_weight_spec(bits, group_size)))
 
 
-def _by_type(model: nn.Module, ops: Iterable[str], config: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
+def _by_type(model: nn.Module, ops: Iterable[str], formats: RoleFormats) -> tuple[nn.Module, dict[str, Any]]:
     targets = _targets(model, ops)
-    args = {"by": "name", **{name: {"config": dict(config)} for name in targets}}
-    return quantize_module_transform_pass(model, args)
+    return model, swap_formats(model, dict.fromkeys(targets, formats))

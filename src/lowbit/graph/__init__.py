@@ -29,14 +29,6 @@ __all__ = [
     "summarize_quantization_analysis_pass", "verify_common_metadata_analysis_pass", "load_graph",
     "load_mase_graph_interface_pass", "save_graph", "save_mase_graph_interface_pass",
     "save_node_meta_param_interface_pass", "profile_statistics_analysis_pass", "load_statistics",
-    "save_statistics", "stats_to_config", "stats_to_config_file", "quantization_report_analysis_pass",
+    "save_statistics", "stats_to_config", "stats_to_config_file"
 ]  # fmt: skip
 
-
-def __getattr__(name: str):
-    # The report pass lives in lowbit.report (which builds on the graph package): imported on first use.
-    if name == "quantization_report_analysis_pass":
-        from lowbit.report import quantization_report_analysis_pass
-
-        return quantization_report_analysis_pass
-    raise AttributeError(f"module 'lowbit.graph' has no attribute {name!r}")

@@ -18,19 +18,17 @@ pushed into the group is part of its range. Codes, scales and zero points have e
 diag(H); the groups then stay the contiguous groups of the stored layout, with their parameters chosen from
 the weights before any update ("static groups").
 
-:func:`sequential_gptq` runs it over a model layer by layer: each layer's H comes from inputs that already
-went through the earlier, quantized layers.
+:func:`lowbit.flows.gptq.sequential_gptq` runs it over a model layer by layer: each layer's H comes from
+inputs that already went through the earlier, quantized layers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from lowbit.convert import _replace
 from lowbit.errors import ConfigError, FormatError
 from lowbit.ops.int4 import quantize_groups
 
@@ -186,80 +184,3 @@ def _inverse_cholesky(hessian: torch.Tensor, damping: float) -> torch.Tensor:
                 return upper
     raise FormatError(f"the Hessian is not positive definite even with dampening "
                       f"{damping * 10 ** (MAX_DAMPING_TRIES - 1)} x its mean diagonal")  # fmt: skip
-
-
-# ---- a model, layer after layer --------------------------------------------------------------------------------
-def sequential_gptq(root: nn.Module, targets: dict[str, nn.Module], batches: Iterable[Any],
-                    run_batch: Callable[[nn.Module, Any], Any],
-                    quantize_layer: Callable[[str, nn.Module, torch.Tensor], nn.Module],
-                    row_mask: Callable[[Any], torch.Tensor | None] | None = None) -> dict[str, nn.Module]:  # fmt: skip
-    """Quantize ``targets`` (name -> Linear inside ``root``) in the order the model calls them.
-
-    Each stage runs all calibration batches (``run_batch(root, batch)``) through the model as it is now,
-    collects H for the next unquantized layer and for every other layer fed the very same input tensor
-    (attention's query / key / value), then ``quantize_layer(name, module, H)`` builds their replacements,
-    which are swapped in before the next stage. ``row_mask(batch)`` may give a bool mask [B, T] of the
-    rows that count (e.g. the attention mask: padding tokens are left out of H); a layer input of shape
-    [B, T, K] then contributes only those rows. Returns name -> new module; on an error the original
-    modules are put back.
-    """
-    batches = list(batches)
-    if not batches:
-        raise ConfigError("GPTQ needs calibration batches; calibration_data is empty")
-    pending, done = dict(targets), {}
-    try:
-        while pending:
-            stage = _next_stage(root, pending, batches, run_batch, row_mask)
-            for name, hessian in stage.items():
-                done[name] = quantize_layer(name, pending.pop(name), hessian)
-                _replace(root, name, done[name])
-    except BaseException:
-        for name in done:
-            _replace(root, name, targets[name])
-        raise
-    return done
-
-
-@torch.no_grad()
-def _next_stage(root, pending: dict[str, nn.Module], batches: list, run_batch, row_mask) -> dict[str, torch.Tensor]:
-    """name -> H of the first pending layer the model calls and of the layers fed that same input tensor."""
-    accumulators: dict[str, HessianAccumulator] = {}
-    first: dict[str, Any] = {"input": None, "names": [], "recording": True, "mask": None}  # names: first batch
-
-    def watch(name):
-        def hook(module, inputs):
-            if not inputs or not isinstance(inputs[0], torch.Tensor):
-                return  # called with keyword arguments only: not seen (an error below if never seen)
-            if first["recording"] and name not in first["names"]:
-                if first["input"] is None:
-                    first["input"], first["names"] = inputs[0], [name]
-                elif inputs[0] is first["input"]:
-                    first["names"].append(name)
-            if name in first["names"]:  # only this stage's layers pay for an H
-                if name not in accumulators:
-                    accumulators[name] = HessianAccumulator(module.in_features, module.weight.device)
-                accumulators[name].add(_kept_rows(inputs[0], first["mask"]))
-
-        return hook
-
-    hooks = [module.register_forward_pre_hook(watch(name)) for name, module in pending.items()]
-    try:
-        for batch in batches:
-            first["mask"] = None if row_mask is None else row_mask(batch)
-            run_batch(root, batch)
-            first["recording"] = not first["names"]
-            first["input"] = None  # holds no tensor past its batch
-    finally:
-        for hook in hooks:
-            hook.remove()
-    if not first["names"]:
-        missing = ", ".join(sorted(pending)[:3])
-        raise ConfigError(f"the calibration batches never reach {missing}: GPTQ needs each layer's inputs")
-    return {name: accumulators[name].hessian() for name in first["names"]}
-
-
-def _kept_rows(inputs: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """The rows of ``inputs`` [B, T, K] where ``mask`` [B, T] is set (all rows if the shapes differ)."""
-    if mask is None or tuple(inputs.shape[:-1]) != tuple(mask.shape):
-        return inputs
-    return inputs[mask.to(device=inputs.device, dtype=torch.bool)]  # [rows, K]

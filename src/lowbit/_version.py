@@ -1,0 +1,3 @@
+"""The package version (one place; ``lowbit.__version__`` and file headers read it)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,131 @@
+"""What a saved model's header says about its quantized modules, and how a load rebuilds them.
+
+Two kinds, one record each (qualified name -> record):
+
+- real-quantized modules (``lowbit.ops.REAL_MODULES`` and classes given to save / load):
+  ``{"class": "Int8DynamicLinear", "config": module.config()}``, rebuilt with ``cls.from_config(config)``;
+- simulated modules (``lowbit.nn`` quantized modules, any format, calibrated parameters frozen in their
+  specs): ``{"kind": "simulated", "class": "QuantLinear", "formats": formats.to_dict()}``, rebuilt with
+  ``cls.from_float(<the given model's module>, RoleFormats.from_dict(formats))``; their weights are in the
+  state as for any module.
+
+Anything quantized that fits neither (a graph's retargeted quantized functions, the experimental LUTNet /
+LogicNets layers, a lowbit module of an unknown class) makes ``save`` refuse with the reason: nothing is
+dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from torch import nn
+
+from lowbit._model import replace_module
+from lowbit.errors import LowbitError
+from lowbit.export._errors import SerializationError
+from lowbit.nn.modules import MODULE_FOR_OP, QuantModule
+from lowbit.nn.roles import RoleFormats
+
+ModuleClasses = Mapping[str, type] | Iterable[type] | None
+SIMULATED = {cls.__name__: cls for cls in MODULE_FOR_OP.values()}
+
+
+def real_module_classes(extra: ModuleClasses = None) -> dict[str, type]:
+    """Class name -> class of every real-quantized module: ``lowbit.ops.REAL_MODULES`` plus ``extra``."""
+    from lowbit.ops import REAL_MODULES
+
+    registry: dict[str, type] = dict(REAL_MODULES)
+    if isinstance(extra, Mapping):
+        registry.update(extra)
+    elif extra is not None:
+        registry.update({cls.__name__: cls for cls in extra})
+    return registry
+
+
+def module_records(model: nn.Module, registry: dict[str, type]) -> dict[str, dict[str, Any]]:
+    """The header's record of every quantized submodule of ``model`` (SerializationError for one it cannot keep)."""
+    _refuse_graph_functions(model)
+    records = {}
+    for qualname, module in model.named_modules():
+        cls = type(module)
+        if registry.get(cls.__name__) is cls:
+            records[qualname] = {"class": cls.__name__, "config": _json(qualname, cls, module.config())}
+        elif isinstance(module, QuantModule) and SIMULATED.get(cls.__name__) is cls:
+            formats = _json(qualname, cls, module.formats.to_dict())
+            records[qualname] = {"kind": "simulated", "class": cls.__name__, "formats": formats}
+        elif cls.__module__.startswith("lowbit.") and cls.__module__.split(".")[1] in ("nn", "ops"):
+            raise SerializationError(f"module {qualname!r} ({cls.__name__}) has no record in lowbit files; "
+                                     "save its state_dict with safetensors and rebuild it in code")  # fmt: skip
+    return records
+
+
+def _refuse_graph_functions(model: nn.Module) -> None:
+    graph = getattr(model, "graph", None)
+    nodes = getattr(graph, "nodes", ())
+    for node in nodes:
+        if getattr(node, "op", None) == "call_function" and "config" in getattr(node, "kwargs", {}):
+            target = getattr(node.target, "__module__", "")
+            if target.startswith("lowbit."):
+                raise SerializationError(
+                    f"node {node.name!r} calls a quantized function ({node.target.__name__}): a graph's functional "
+                    "quantization lives in its graph; save it with lowbit.graph.save_graph")  # fmt: skip
+
+
+def _json(qualname: str, cls: type, value: Any) -> Any:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise SerializationError(f"module {qualname!r} ({cls.__name__}): its record is not JSON: {error}") from None
+    return value
+
+
+def rebuild_modules(model: nn.Module, records: dict[str, Any], registry: dict[str, type]) -> nn.Module:
+    """Swap into ``model`` the module each record describes; returns the model (a new one for a root record)."""
+    for qualname, record in records.items():
+        if not isinstance(record, dict):
+            raise SerializationError(f"module {qualname!r}: bad record {record!r}")
+        if record.get("kind") == "simulated":
+            replacement = _simulated(model, qualname, record)
+        else:
+            replacement = _real(qualname, record, registry)
+        if not qualname:
+            model = replacement
+            continue
+        _existing(model, qualname)
+        replace_module(model, qualname, replacement)
+    return model
+
+
+def _existing(model: nn.Module, qualname: str) -> nn.Module:
+    try:
+        return model.get_submodule(qualname)
+    except AttributeError:
+        raise SerializationError(
+            f"module {qualname!r} recorded in the file does not exist in the given model (another architecture?)"
+        ) from None
+
+
+def _real(qualname: str, record: dict[str, Any], registry: dict[str, type]) -> nn.Module:
+    cls = registry.get(record.get("class"))
+    if cls is None:
+        known = ", ".join(sorted(registry)) or "none"
+        raise SerializationError(f"module {qualname!r}: unknown real-quantized class {record!r}; known: {known}")
+    try:
+        return cls.from_config(record["config"])
+    except (LowbitError, KeyError, TypeError, ValueError) as error:
+        raise SerializationError(f"module {qualname!r}: {cls.__name__}.from_config failed: {error}") from None
+
+
+def _simulated(model: nn.Module, qualname: str, record: dict[str, Any]) -> nn.Module:
+    cls = SIMULATED.get(record.get("class"))
+    if cls is None:
+        raise SerializationError(f"module {qualname!r}: unknown simulated class {record.get('class')!r}; "
+                                 f"known: {', '.join(sorted(SIMULATED))}")  # fmt: skip
+    original = _existing(model, qualname) if qualname else model
+    try:
+        formats = RoleFormats.from_dict(record.get("formats"))
+        return cls.from_float(original, formats)
+    except (LowbitError, KeyError, TypeError, ValueError, AttributeError) as error:
+        raise SerializationError(f"module {qualname!r}: cannot rebuild {cls.__name__}: {error}") from None

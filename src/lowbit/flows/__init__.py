@@ -1,0 +1,73 @@
+"""The model-level floor: every way to quantize a model, behind one door.
+
+``lowbit.quantize_(model, config, **options)`` quantizes ``model`` in place and returns it (torchao's
+convention). ``config`` is a typed recipe (:mod:`lowbit.flows.recipes`), a recipe name (``"int8_dynamic"``,
+``"int8_weight_only"``, ``"int4_weight_only"``, ``"w8a8_static"``), any format name (``"mxfp4_e2m1"``: that
+format simulated for every role of every Linear / Conv), a ``{"recipe": ...}`` table, or MASE pass_args.
+``lowbit.quantize_model`` is the same door returning ``(model, info)``.
+
+Floors inside: ``recipes`` (data) <- ``simulated`` / ``real`` / ``gptq`` / ``ptq`` (handlers) <- this door.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torch import nn
+
+from lowbit._model import root_module
+from lowbit.flows.recipes import (
+    RECIPES,
+    REAL_RECIPES,
+    FormatRecipe,
+    Int4WeightOnly,
+    Int8Dynamic,
+    Int8WeightOnly,
+    PassArgs,
+    Recipe,
+    W8A8Static,
+    make_recipe,
+    recipe_from_dict,
+)
+
+log = logging.getLogger("lowbit")
+
+
+def quantize_model(model: Any, config: Any, **options: Any) -> tuple[Any, dict[str, Any]]:
+    """Quantize ``model`` in place by ``config`` (see the module docstring); returns ``(model, info)``."""
+    from lowbit.flows import real, simulated
+
+    recipe = make_recipe(config, **options)
+    if isinstance(recipe, PassArgs):
+        return model, simulated.quantize_pass_args(model, recipe)
+    root = root_module(model)
+    if isinstance(recipe, FormatRecipe):
+        return model, simulated.quantize_format(root, recipe)
+    return model, real.quantize_real(root, recipe)
+
+
+def quantize_(model: Any, config: Any, **options: Any) -> Any:
+    """Quantize ``model`` in place by ``config`` and return it (torchao's convention); what changed is in
+    ``lowbit.quantize_model``'s info, or :func:`describe` of the model."""
+    quantize_model(model, config, **options)
+    return model
+
+
+def describe(model: nn.Module) -> dict[str, str]:
+    """Qualified name -> what each quantized layer computes (simulated formats or the real module's path)."""
+    from lowbit.nn.modules import QuantModule
+    from lowbit.ops import REAL_MODULES
+
+    real_classes = tuple(REAL_MODULES.values()) if isinstance(REAL_MODULES, dict) else tuple(REAL_MODULES)
+    out = {}
+    for name, module in root_module(model, "describe").named_modules():
+        if isinstance(module, QuantModule):
+            out[name] = f"simulated {module.formats.describe()}"
+        elif isinstance(module, real_classes):
+            out[name] = f"real {type(module).__name__}"
+    return out
+
+
+__all__ = ["RECIPES", "REAL_RECIPES", "FormatRecipe", "Int4WeightOnly", "Int8Dynamic", "Int8WeightOnly", "PassArgs",
+           "Recipe", "W8A8Static", "describe", "make_recipe", "quantize_", "quantize_model", "recipe_from_dict"]  # fmt: skip

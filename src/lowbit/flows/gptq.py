@@ -1,0 +1,126 @@
+"""The sequential GPTQ driver: a model's Linear layers rounded by :func:`lowbit.ops.gptq.gptq_quantize` one stage
+at a time, in the order the model calls them, each stage's Hessians taken from inputs that went through the
+layers already quantized (``quantize_(model, Int4WeightOnly(method="gptq", calibration_data=...))``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from lowbit._model import call_model, replace_module
+from lowbit.errors import ConfigError
+from lowbit.flows.recipes import Int4WeightOnly
+from lowbit.ops.gptq import HessianAccumulator, gptq_quantize
+from lowbit.ops.int4 import SCALE_DTYPES
+
+
+def gptq_modules(root: nn.Module, targets: dict[str, nn.Module], recipe: Int4WeightOnly,
+                 progress: Callable[[str], None] | None = None) -> dict[str, nn.Module]:  # fmt: skip
+    """GPTQ-rounded Int4WeightOnlyLinear for every target, quantized in call order."""
+    from lowbit.ops import Int4WeightOnlyLinear
+
+    settings = {"damping": recipe.damping, "block_size": recipe.block_size, "act_order": recipe.act_order}
+
+    def quantize_layer(name, module, hessian):
+        result = gptq_quantize(module.weight, hessian, recipe.group_size, SCALE_DTYPES[recipe.scale_dtype],
+                               search=recipe.search, **settings)  # fmt: skip
+        return Int4WeightOnlyLinear.from_float(module, group_size=recipe.group_size, scale_dtype=recipe.scale_dtype,
+                                               codes=result.codes, scale=result.scale, zero_point=result.zero_point,
+                                               compute_dtype=recipe.compute_dtype)  # fmt: skip
+
+    def row_mask(batch):  # Hugging Face batches: padding tokens stay out of the Hessians
+        if recipe.mask_padding and hasattr(batch, "get") and hasattr(batch, "keys"):
+            return batch.get("attention_mask")
+        return None
+
+    progress = progress or logging.getLogger("lowbit").info
+    return sequential_gptq(root, targets, recipe.calibration_data, call_model, quantize_layer, row_mask, progress)
+
+
+# ---- a model, layer after layer --------------------------------------------------------------------------------
+def sequential_gptq(root: nn.Module, targets: dict[str, nn.Module], batches: Iterable[Any],
+                    run_batch: Callable[[nn.Module, Any], Any],
+                    quantize_layer: Callable[[str, nn.Module, torch.Tensor], nn.Module],
+                    row_mask: Callable[[Any], torch.Tensor | None] | None = None,
+                    progress: Callable[[str], None] | None = None) -> dict[str, nn.Module]:  # fmt: skip
+    """Quantize ``targets`` (name -> Linear inside ``root``) in the order the model calls them.
+
+    Each stage runs all calibration batches (``run_batch(root, batch)``) through the model as it is now,
+    collects H for the next unquantized layer and for every other layer fed the very same input tensor
+    (attention's query / key / value), then ``quantize_layer(name, module, H)`` builds their replacements,
+    which are swapped in before the next stage. ``progress(message)`` hears of each stage (GPTQ on a
+    transformer takes minutes). ``row_mask(batch)`` may give a bool mask [B, T] of the
+    rows that count (e.g. the attention mask: padding tokens are left out of H); a layer input of shape
+    [B, T, K] then contributes only those rows. Returns name -> new module; on an error the original
+    modules are put back.
+    """
+    batches = list(batches)
+    if not batches:
+        raise ConfigError("GPTQ needs calibration batches; calibration_data is empty")
+    pending, done = dict(targets), {}
+    start = time.perf_counter()
+    try:
+        while pending:
+            stage = _next_stage(root, pending, batches, run_batch, row_mask)
+            if progress is not None:
+                progress(f"GPTQ {len(done) + len(stage)}/{len(targets)} layers ({', '.join(stage)}), "
+                         f"{time.perf_counter() - start:.0f} s")  # fmt: skip
+            for name, hessian in stage.items():
+                done[name] = quantize_layer(name, pending.pop(name), hessian)
+                replace_module(root, name, done[name])
+    except BaseException:
+        for name in done:
+            replace_module(root, name, targets[name])
+        raise
+    return done
+
+
+@torch.no_grad()
+def _next_stage(root, pending: dict[str, nn.Module], batches: list, run_batch, row_mask) -> dict[str, torch.Tensor]:
+    """name -> H of the first pending layer the model calls and of the layers fed that same input tensor."""
+    accumulators: dict[str, HessianAccumulator] = {}
+    first: dict[str, Any] = {"input": None, "names": [], "recording": True, "mask": None}  # names: first batch
+
+    def watch(name):
+        def hook(module, inputs):
+            if not inputs or not isinstance(inputs[0], torch.Tensor):
+                return  # called with keyword arguments only: not seen (an error below if never seen)
+            if first["recording"] and name not in first["names"]:
+                if first["input"] is None:
+                    first["input"], first["names"] = inputs[0], [name]
+                elif inputs[0] is first["input"]:
+                    first["names"].append(name)
+            if name in first["names"]:  # only this stage's layers pay for an H
+                if name not in accumulators:
+                    accumulators[name] = HessianAccumulator(module.in_features, module.weight.device)
+                accumulators[name].add(_kept_rows(inputs[0], first["mask"]))
+
+        return hook
+
+    hooks = [module.register_forward_pre_hook(watch(name)) for name, module in pending.items()]
+    try:
+        for batch in batches:
+            first["mask"] = None if row_mask is None else row_mask(batch)
+            run_batch(root, batch)
+            first["recording"] = not first["names"]
+            first["input"] = None  # holds no tensor past its batch
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if not first["names"]:
+        missing = ", ".join(sorted(pending)[:3])
+        raise ConfigError(f"the calibration batches never reach {missing}: GPTQ needs each layer's inputs")
+    return {name: accumulators[name].hessian() for name in first["names"]}
+
+
+def _kept_rows(inputs: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The rows of ``inputs`` [B, T, K] where ``mask`` [B, T] is set (all rows if the shapes differ)."""
+    if mask is None or tuple(inputs.shape[:-1]) != tuple(mask.shape):
+        return inputs
+    return inputs[mask.to(device=inputs.device, dtype=torch.bool)]  # [rows, K]

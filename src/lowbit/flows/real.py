@@ -1,0 +1,172 @@
+"""Real-quantized recipes: Linear / Conv2d layers swapped for modules holding integer codes (``lowbit.ops``).
+
+One mechanism serves the recipes and MASE pass_args alike: a recipe states its formats as a
+:class:`~lowbit.nn.roles.RoleFormats` (:func:`recipe_formats`), the layer is wrapped in the simulated
+``QuantLinear`` of those formats, and :func:`~lowbit.ops.from_fake.convert_quant_linear` builds the real module
+whose weight codes are the simulated weight's own codes (one rounding rule). Options beyond a plain format
+(int4's per-group range search, GPTQ) build the codes themselves and say so in the module's record.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import nn
+
+from lowbit._model import replace_module, run_batches, select_modules
+from lowbit.errors import ConfigError
+from lowbit.flows.recipes import Int4WeightOnly, Int8Dynamic, Int8WeightOnly, Recipe, W8A8Static
+from lowbit.formats import resolve
+from lowbit.nn.modules import QuantLinear
+from lowbit.nn.roles import RoleFormats
+
+
+def recipe_formats(recipe: Recipe) -> RoleFormats:
+    """The formats a real Linear recipe computes, as the simulated side spells them."""
+    if isinstance(recipe, Int8Dynamic):
+        block = {"block_size": (1, -1)} if recipe.act_granularity == "token" else {}
+        data_in = resolve("affine", bits=recipe.act_bits, symmetric=recipe.act_symmetric, **block)
+        return RoleFormats(data_in=data_in, weight=_int8_weight())
+    if isinstance(recipe, Int8WeightOnly):
+        return RoleFormats(weight=_int8_weight())
+    if isinstance(recipe, Int4WeightOnly):
+        return RoleFormats(weight=resolve("affine", bits=4, signed=False, block_size=(1, recipe.group_size),
+                                          scale_dtype=recipe.scale_dtype))  # fmt: skip
+    raise ConfigError(f"recipe {recipe.name!r} has no fixed formats (its activation scales are calibrated)")
+
+
+def _int8_weight():
+    return resolve("affine", bits=8, symmetric=True, axis=0)
+
+
+def real_targets(root: nn.Module, recipe: Recipe, conv: bool) -> tuple[dict[str, nn.Module], dict[str, str]]:
+    """(name -> plain nn.Linear / nn.Conv2d to swap, name -> why a convolution stays float)."""
+    from lowbit.ops.conv_modules import conv_problem
+
+    kinds = (nn.Linear, nn.Conv2d) if conv else (nn.Linear,)
+    targets, kept = {}, {}
+    for name, module in select_modules(root, kinds, recipe.skip).items():
+        problem = conv_problem(module) if isinstance(module, nn.Conv2d) else None
+        if problem is None:
+            targets[name] = module
+        else:
+            kept[name] = problem
+    if not targets:
+        raise ConfigError(f"the model has no nn.Linear{' or nn.Conv2d' if conv else ''} layer to quantize (after skip)")
+    return targets, kept
+
+
+def linear_from_formats(module: nn.Linear, formats: RoleFormats, **options: Any) -> nn.Module:
+    """The real module computing ``formats`` on ``module`` (ConfigError when no kernel runs them)."""
+    from lowbit.ops.from_fake import convert_quant_linear
+
+    new, reason = convert_quant_linear(QuantLinear.from_float(module, formats), **options)
+    if new is None:
+        raise ConfigError(f"no real kernel computes {formats.describe()}: {reason}")
+    return new
+
+
+def quantize_real(root: nn.Module, recipe: Recipe) -> dict[str, Any]:
+    """Swap ``root``'s layers (in place) by a real recipe; returns the info dict."""
+    conv = getattr(recipe, "include_conv", False)
+    targets, kept = real_targets(root, recipe, conv)
+    factory = _FACTORIES[type(recipe)](root, targets, recipe)
+    converted = {}
+    for name, module in targets.items():
+        new = factory(name, module)
+        replace_module(root, name, new)
+        converted[name] = type(new).__name__
+    info = {"recipe": recipe.name, "quantized": converted, "counts": dict(Counter(converted.values()))}
+    return {**info, "kept": kept} if kept else info
+
+
+def _int8_dynamic(root, targets, recipe: Int8Dynamic):
+    from lowbit.ops import Int8Conv2d
+
+    formats = recipe_formats(recipe)
+
+    def factory(name, module):
+        if isinstance(module, nn.Conv2d):
+            return Int8Conv2d.from_float(module, activation="dynamic", channels_last=recipe.conv_channels_last)
+        return linear_from_formats(module, formats)  # act_bits / granularity: in the data_in format
+
+    return factory
+
+
+def _int8_weight_only(root, targets, recipe: Int8WeightOnly):
+    formats = recipe_formats(recipe)
+    return lambda name, module: linear_from_formats(module, formats, compute_dtype=recipe.compute_dtype)
+
+
+def _int4_weight_only(root, targets, recipe: Int4WeightOnly):
+    from lowbit.ops import Int4WeightOnlyLinear
+
+    for name, module in targets.items():
+        if module.in_features % recipe.group_size:
+            raise ConfigError(f"{name}: in_features={module.in_features} is not divisible by group_size="
+                              f"{recipe.group_size}; skip it (skip=[{name!r}]) or pick another group_size")  # fmt: skip
+    if recipe.method == "gptq":
+        from lowbit.flows.gptq import gptq_modules
+
+        built = gptq_modules(root, targets, recipe)
+        return lambda name, module: built[name]
+    if not recipe.search:  # a plain format: the simulated affine 4-bit weight's own codes
+        formats = recipe_formats(recipe)
+        return lambda name, module: linear_from_formats(module, formats, compute_dtype=recipe.compute_dtype)
+    power = input_power(root, targets, recipe.calibration_data) if recipe.calibration_data is not None else {}
+    return lambda name, module: Int4WeightOnlyLinear.from_float(
+        module, group_size=recipe.group_size, scale_dtype=recipe.scale_dtype, search=True,
+        importance=power.get(name), compute_dtype=recipe.compute_dtype)  # fmt: skip
+
+
+def _w8a8_static(root, targets, recipe: W8A8Static):
+    from lowbit.calibrate.builders import scale_zero_point
+    from lowbit.flows.ptq import calibrate
+    from lowbit.ops import Int8Conv2d
+
+    state = recipe.calibration
+    if state is None:
+        convs = any(isinstance(module, nn.Conv2d) for module in targets.values())
+        state = calibrate(root, recipe.calibration_data, ops=("linear", "conv2d") if convs else ("linear",))
+    if state.bits != 8:
+        raise ConfigError(f"w8a8_static needs an 8-bit calibration, got bits={state.bits}")
+    missing = [name for name in targets if name not in state.ranges]
+    if missing:
+        raise ConfigError(f"the calibration has no range for {missing[:3]}{'...' if len(missing) > 3 else ''}"
+                          + ("; calibrate with ops=('linear', 'conv2d') or pass include_conv=False"
+                             if any(isinstance(targets[name], nn.Conv2d) for name in missing) else ""))  # fmt: skip
+
+    def factory(name, module):
+        low, high = torch.tensor(state.ranges[name]["min"]), torch.tensor(state.ranges[name]["max"])
+        scale, zero_point = scale_zero_point(low, high, 8, signed=state.signed, symmetric=state.symmetric)
+        scale, zero_point = float(scale.flatten()[0]), int(zero_point.flatten()[0])
+        if isinstance(module, nn.Conv2d):
+            new = Int8Conv2d.from_float(module, activation="static", act_signed=state.signed,
+                                        channels_last=recipe.conv_channels_last)  # fmt: skip
+            return new.set_input_qparams(scale, zero_point)
+        data_in = resolve("affine", bits=8, signed=state.signed, scale=scale, zero_point=zero_point)
+        return linear_from_formats(module, RoleFormats(data_in=data_in, weight=_int8_weight()))
+
+    return factory
+
+
+_FACTORIES = {Int8Dynamic: _int8_dynamic, Int8WeightOnly: _int8_weight_only, Int4WeightOnly: _int4_weight_only,
+              W8A8Static: _w8a8_static}  # fmt: skip
+
+
+def input_power(root: nn.Module, targets: dict[str, nn.Module], batches) -> dict[str, torch.Tensor]:
+    """Mean x^2 per input channel of every target module over the calibration batches."""
+    sums: dict[str, list] = {name: [0.0, 0] for name in targets}
+
+    def watch(name):
+        def hook(module, inputs):
+            rows = inputs[0].detach().float().reshape(-1, inputs[0].shape[-1])
+            sums[name][0] = sums[name][0] + rows.square().sum(0)
+            sums[name][1] += rows.shape[0]
+
+        return hook
+
+    run_batches(root, batches, {module: watch(name) for name, module in targets.items()})
+    return {name: total / max(count, 1) for name, (total, count) in sums.items() if count}

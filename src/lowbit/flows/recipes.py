@@ -1,0 +1,241 @@
+"""Typed recipes: what :func:`lowbit.quantize_` does to a model, as small serialisable dataclasses.
+
+A recipe is data only (no tensors except calibration batches, which are run-time inputs and never
+serialised); its handler (``flows.real``, ``flows.simulated``) does the work. ``to_dict()`` /
+``recipe_from_dict()`` round-trip every serialisable field, so a recipe can be written into a TOML pass,
+a saved model's header or a search study. Names: the registry key of each class (``Int8Dynamic.name ==
+"int8_dynamic"``), and any format name (``"mxfp4_e2m1"``) means :class:`FormatRecipe` of that format.
+
+Granularity has one vocabulary everywhere: ``"tensor"``, ``"channel"`` (per output channel of a weight),
+``"token"`` (per row of an activation: its last dimension is one block) and ``"group"`` (blocks of
+``group_size`` along the last dimension).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from lowbit.errors import ConfigError, did_you_mean
+
+GRANULARITIES = ("tensor", "channel", "token", "group")
+RUN_TIME_FIELDS = ("calibration_data", "calibration")  # batches / states: given at run time, never saved
+
+
+@dataclasses.dataclass
+class Recipe:
+    """Options every recipe has: ``skip`` (regexes fully matched against qualified module names)."""
+
+    name: ClassVar[str] = ""
+    skip: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.skip, str):
+            self.skip = (self.skip,)
+        if not isinstance(self.skip, (tuple, list)) or not all(isinstance(s, str) for s in self.skip):
+            raise ConfigError(f"{self.name}: skip={self.skip!r} must be a list of regexes")
+        self.skip = tuple(self.skip)
+        self.check()
+
+    def check(self) -> None:
+        """Validate the fields (ConfigError naming the recipe and the field)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The serialisable fields with the recipe's name under ``"recipe"``."""
+        out: dict[str, Any] = {"recipe": self.name}
+        for field in dataclasses.fields(self):
+            if field.name in RUN_TIME_FIELDS:
+                continue
+            value = getattr(self, field.name)
+            out[field.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+def _flag(recipe: str, field: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{recipe}: {field}={value!r} must be true or false")
+
+
+def _choice(recipe: str, field: str, value: Any, legal: tuple) -> None:
+    if value not in legal:
+        raise ConfigError(f"{recipe}: {field}={value!r}{did_you_mean(str(value), [str(v) for v in legal])}; "
+                          f"legal: {', '.join(str(v) for v in legal)}")  # fmt: skip
+
+
+def _positive_int(recipe: str, field: str, value: Any, even: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (even and value % 2):
+        raise ConfigError(f"{recipe}: {field}={value!r} must be a positive{' even' if even else ''} int")
+
+
+@dataclasses.dataclass
+class Int8Dynamic(Recipe):
+    """Real int8: per-channel symmetric int8 weights, activations quantized per token (or tensor) at run time."""
+
+    name: ClassVar[str] = "int8_dynamic"
+    act_symmetric: bool = True
+    act_granularity: str = "token"
+    act_bits: int = 8
+    include_conv: bool = True
+    conv_channels_last: bool = False
+
+    def check(self) -> None:
+        _flag(self.name, "act_symmetric", self.act_symmetric)
+        _choice(self.name, "act_granularity", self.act_granularity, ("token", "tensor"))
+        _choice(self.name, "act_bits", self.act_bits, (8, 7))
+        _flag(self.name, "include_conv", self.include_conv)
+        _flag(self.name, "conv_channels_last", self.conv_channels_last)
+
+
+COMPUTE_DTYPES = (None, "bf16", "f32")
+
+
+@dataclasses.dataclass
+class Int8WeightOnly(Recipe):
+    """Real int8 weights (per channel), float activations; ``compute_dtype`` None = the input's dtype."""
+
+    name: ClassVar[str] = "int8_weight_only"
+    compute_dtype: str | None = None
+
+    def check(self) -> None:
+        _choice(self.name, "compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+
+
+@dataclasses.dataclass
+class Int4WeightOnly(Recipe):
+    """Real int4 weights per group of ``group_size`` inputs; ``method`` "round" or "gptq" (needs data)."""
+
+    name: ClassVar[str] = "int4_weight_only"
+    group_size: int = 32
+    scale_dtype: str = "bf16"
+    search: bool = True
+    compute_dtype: str | None = None
+    method: str = "round"
+    damping: float = 0.1
+    block_size: int = 128
+    act_order: bool = False
+    mask_padding: bool = True
+    calibration_data: Any = None
+
+    def check(self) -> None:
+        _positive_int(self.name, "group_size", self.group_size, even=True)
+        _choice(self.name, "scale_dtype", self.scale_dtype, ("bf16", "f16", "f32"))
+        _flag(self.name, "search", self.search)
+        _choice(self.name, "compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+        _choice(self.name, "method", self.method, ("round", "gptq"))
+        if isinstance(self.damping, bool) or not isinstance(self.damping, (int, float)) or not 0 < self.damping < 1e6:
+            raise ConfigError(f"{self.name}: damping={self.damping!r} must be a positive number")
+        _positive_int(self.name, "block_size", self.block_size)
+        _flag(self.name, "act_order", self.act_order)
+        _flag(self.name, "mask_padding", self.mask_padding)
+        if self.method == "gptq" and self.calibration_data is None:
+            raise ConfigError(f"{self.name}: method='gptq' needs calibration_data= (batches the model can run) "
+                              "to build each layer's Hessian")  # fmt: skip
+
+
+@dataclasses.dataclass
+class W8A8Static(Recipe):
+    """Real int8 weights x int8 activations with calibrated per-tensor scales (``calibration`` from
+    ``lowbit.ptq.calibrate`` or ``calibration_data`` batches, calibrated here with min-max)."""
+
+    name: ClassVar[str] = "w8a8_static"
+    include_conv: bool = True
+    conv_channels_last: bool = False
+    calibration: Any = None
+    calibration_data: Any = None
+
+    def check(self) -> None:
+        _flag(self.name, "include_conv", self.include_conv)
+        _flag(self.name, "conv_channels_last", self.conv_channels_last)
+        if self.calibration is None and self.calibration_data is None:
+            raise ConfigError(f"{self.name} needs calibration= (lowbit.ptq.calibrate(...)) or calibration_data=")
+
+
+@dataclasses.dataclass
+class FormatRecipe(Recipe):
+    """Simulated: one format for every role (inputs, weights, biases) of every Linear / Conv layer.
+
+    ``format`` is a format name or a spec's plain dict (``{"name": "affine", "bits": 4, ...}``);
+    ``params`` are its parameters when ``format`` is a name; ``roles`` which roles get it.
+    """
+
+    name: ClassVar[str] = "format"
+    format: Any = None
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    roles: tuple[str, ...] = ("data_in", "weight", "bias")
+    ops: tuple[str, ...] = ("linear", "conv1d", "conv2d")
+
+    def check(self) -> None:
+        if not isinstance(self.format, (str, dict)) or not self.format:
+            raise ConfigError(f"format recipe: format={self.format!r} must be a format name or a spec's dict")
+        if not isinstance(self.params, dict):
+            raise ConfigError(f"format recipe: params={self.params!r} must be a table of format parameters")
+        self.roles, self.ops = tuple(self.roles), tuple(self.ops)
+        for role in self.roles:
+            _choice("format recipe", "roles", role, ("data_in", "weight", "bias", "data_out"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "params": dict(self.params)}
+
+
+@dataclasses.dataclass
+class PassArgs(Recipe):
+    """MASE-style ``pass_args`` (``{"by": "type", "linear": {"config": {...}}}``); ``real`` converts every
+    quantized Linear whose formats a kernel runs into the real module (the others stay simulated)."""
+
+    name: ClassVar[str] = "pass_args"
+    pass_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    real: bool = True
+
+    def check(self) -> None:
+        if not isinstance(self.pass_args, dict) or not self.pass_args:
+            raise ConfigError("pass_args recipe: pass_args must be a non-empty table")
+        _flag(self.name, "real", self.real)
+
+
+RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in (Int8Dynamic, Int8WeightOnly, Int4WeightOnly, W8A8Static,
+                                                                FormatRecipe, PassArgs)}  # fmt: skip
+REAL_RECIPES = ("int8_dynamic", "int8_weight_only", "int4_weight_only", "w8a8_static")
+
+
+def make_recipe(config: Any, **options: Any) -> Recipe:
+    """A typed recipe from what :func:`lowbit.quantize_` accepts: a Recipe (options must be empty), a recipe
+    name, a format name (every role of every Linear / Conv), a ``{"recipe": ...}`` dict, or MASE pass_args."""
+    if isinstance(config, Recipe):
+        if options:
+            return dataclasses.replace(config, **_known(type(config), options))
+        return config
+    if isinstance(config, dict):
+        if "recipe" in config:
+            data = dict(config)
+            return make_recipe(data.pop("recipe"), **data, **options)
+        if "by" in config or "default" in config:
+            return PassArgs(pass_args=config, **_known(PassArgs, options))
+        return FormatRecipe(format=config, **_known(FormatRecipe, options))
+    if not isinstance(config, str):
+        raise ConfigError(f"quantize_: config must be a recipe, a recipe or format name, or pass_args, "
+                          f"got {type(config).__name__}")  # fmt: skip
+    if config in RECIPES:
+        return RECIPES[config](**_known(RECIPES[config], options))
+    from lowbit.formats import list_formats
+
+    if config in list_formats():
+        return FormatRecipe(format=config, **_known(FormatRecipe, options))
+    names = [*REAL_RECIPES, *list_formats()]
+    raise ConfigError(f"unknown recipe or format {config!r}{did_you_mean(config, names)}; recipes: "
+                      f"{', '.join(REAL_RECIPES)}, or any format name (lowbit.list_formats())")  # fmt: skip
+
+
+def _known(cls: type[Recipe], options: dict[str, Any]) -> dict[str, Any]:
+    fields = [field.name for field in dataclasses.fields(cls)]
+    unknown = [key for key in options if key not in fields]
+    if unknown:
+        raise ConfigError(f"recipe {cls.name!r} got unknown option(s) {sorted(unknown)}"
+                          f"{did_you_mean(unknown[0], fields)}; options: {', '.join(fields)}")  # fmt: skip
+    return options
+
+
+def recipe_from_dict(data: dict[str, Any]) -> Recipe:
+    """The recipe :meth:`Recipe.to_dict` wrote."""
+    if not isinstance(data, dict) or "recipe" not in data:
+        raise ConfigError(f"a recipe table needs a 'recipe' key, got {data!r}")
+    return make_recipe(dict(data))

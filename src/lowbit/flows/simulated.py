@@ -1,0 +1,92 @@
+"""Simulated recipes: layers swapped for ``lowbit.nn`` quantized modules (fake quantization in any format),
+and MASE pass_args, whose Linear layers become real modules wherever a kernel computes their formats.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from torch import nn
+
+from lowbit._model import replace_module, root_module, skip_patterns
+from lowbit.errors import ConfigError, LowbitError
+from lowbit.flows.recipes import FormatRecipe, PassArgs
+from lowbit.formats import FormatSpec, resolve
+from lowbit.graph.module_swap import quantize_module_transform_pass, swappable_modules
+from lowbit.nn.modules import MODULE_FOR_OP, QuantLinear
+from lowbit.nn.roles import RoleFormats
+
+
+def swap_formats(root: nn.Module, plan: dict[str, RoleFormats]) -> dict[str, Any]:
+    """Swap each named module of ``root`` for its quantized copy computing the planned formats."""
+    ops = {name: op for name, _, op in swappable_modules(root)}
+    missing = [name for name in plan if name not in ops]
+    if missing:
+        raise ConfigError(f"no quantized counterpart for module(s) {missing[:3]} (quantizable module types: "
+                          f"{', '.join(cls.float_class.__name__ for cls in MODULE_FOR_OP.values())})")  # fmt: skip
+    for name, formats in plan.items():
+        replace_module(root, name, MODULE_FOR_OP[ops[name]].from_float(root.get_submodule(name), formats))
+    counts = Counter(ops[name] for name in plan)
+    return {"quantized": list(plan), "counts": dict(counts)}
+
+
+def format_spec(fmt: Any, params: dict[str, Any], where: str) -> FormatSpec:
+    """A spec from a name (+ parameters), a spec, or a spec's plain dict ({"name": ..., params})."""
+    try:
+        if isinstance(fmt, dict):
+            fmt = dict(fmt)
+            return resolve(fmt.pop("name", None), **fmt, **params)
+        return resolve(fmt, **params)
+    except LowbitError as error:
+        raise ConfigError(f"{where}: {error}") from None
+
+
+def quantize_format(root: nn.Module, recipe: FormatRecipe) -> dict[str, Any]:
+    """Every role of ``recipe.roles`` of every layer of ``recipe.ops`` in one format (simulated)."""
+    spec = format_spec(recipe.format, recipe.params, "format recipe")
+    patterns = skip_patterns(recipe.skip)
+    plan = {}
+    for name, module, op in swappable_modules(root):
+        if op not in recipe.ops or any(pattern.fullmatch(name) for pattern in patterns):
+            continue
+        roles = {role: spec for role in recipe.roles if role != "bias" or getattr(module, "bias", None) is not None}
+        plan[name] = RoleFormats(**roles)
+    if not plan:
+        raise ConfigError(f"the model has no layer of the ops {list(recipe.ops)} to quantize (after skip)")
+    return {"recipe": spec.format_name, **swap_formats(root, plan)}
+
+
+def quantize_pass_args(model: Any, recipe: PassArgs) -> dict[str, Any]:
+    """MASE pass_args through the graph pass (a QGraph) or the module-swap pass (an nn.Module); with
+    ``recipe.real`` every QuantLinear a kernel computes becomes the real module, the others stay simulated
+    and ``info["kept"]`` says why."""
+    from lowbit.graph.quantize import quantize_transform_pass
+
+    if isinstance(model, nn.Module):
+        _, pass_info = quantize_module_transform_pass(model, recipe.pass_args)
+    else:
+        _, pass_info = quantize_transform_pass(model, recipe.pass_args)
+    info: dict[str, Any] = {"recipe": "pass_args", "pass": pass_info}
+    if recipe.real:
+        converted, kept = to_real(root_module(model), recipe.skip)
+        info.update(quantized=converted, kept=kept, counts=dict(Counter(converted.values())))
+    return info
+
+
+def to_real(root: nn.Module, skip: Any = ()) -> tuple[dict[str, str], dict[str, str]]:
+    """Replace every simulated QuantLinear a kernel computes by its real module: (converted, kept with why)."""
+    from lowbit.ops.from_fake import convert_quant_linear
+
+    patterns = skip_patterns(skip)
+    converted, kept = {}, {}
+    for name, module in list(root.named_modules()):
+        if not isinstance(module, QuantLinear) or any(pattern.fullmatch(name) for pattern in patterns):
+            continue
+        new, reason = convert_quant_linear(module)
+        if new is None:
+            kept[name] = reason
+        else:
+            replace_module(root, name, new)
+            converted[name] = type(new).__name__
+    return converted, kept

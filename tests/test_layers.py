@@ -1,0 +1,133 @@
+"""The floors of docs/architecture.md hold: every import (function-local ones included) points down or
+stays inside its package, and no file of src/lowbit is part of an import circle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SOURCE = Path(__file__).resolve().parents[1] / "src" / "lowbit"
+
+# Lower number = lower floor. A module may import its own package and any lower floor, never a higher one.
+FLOORS = {
+    "errors": 0, "_version": 0, "_io": 1, "_model": 1, "models": 1, "datasets": 1,
+    "backend": 2, "formats": 3,
+    "api": 4, "calibrate": 4, "qtensor": 4, "nn": 4,
+    "optim": 5, "config": 5, "ops": 5,
+    "graph": 6, "flows": 7, "export": 8, "report": 8,
+    "ptq": 9, "convert": 9, "train": 9,
+    "pipeline": 10, "cli": 11, "__main__": 12, "__init__": 12,
+}  # fmt: skip
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SOURCE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _target_files(module: str) -> list[Path]:
+    """The file(s) an import of ``module`` runs: the module itself (package __init__ or .py)."""
+    relative = Path(*module.split("."))
+    found = [candidate for candidate in (SOURCE.parent / relative / "__init__.py", SOURCE.parent / relative.with_suffix(".py"))
+             if candidate.exists()]  # fmt: skip
+    return found
+
+
+def _imports(path: Path) -> set[Path]:
+    """Every lowbit file ``path`` imports, at any depth of its code."""
+    tree = ast.parse(path.read_text(), str(path))
+    here = _module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    modules: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):  # `import lowbit` names the package that is running already
+            modules.update(alias.name for alias in node.names if alias.name != "lowbit")
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            if not (here + ".").startswith(base + "."):  # an ancestor package is running already
+                modules.add(base)
+            modules.update(f"{base}.{alias.name}" for alias in node.names)  # lowbit.x.y when y is a module
+    files: set[Path] = set()
+    for module in modules:
+        if module == "lowbit" or module.startswith("lowbit."):
+            files.update(_target_files(module))
+    files.discard(path)
+    return files
+
+
+def _floor_key(path: Path) -> str:
+    parts = path.relative_to(SOURCE).with_suffix("").parts
+    return parts[0]
+
+
+def _graph() -> dict[Path, set[Path]]:
+    return {path: _imports(path) for path in sorted(SOURCE.rglob("*.py"))}
+
+
+def test_every_package_has_a_floor():
+    missing = sorted({_floor_key(path) for path in SOURCE.rglob("*.py")} - set(FLOORS))
+    assert not missing, f"give these a floor in tests/test_layers.py and docs/architecture.md: {missing}"
+
+
+def test_imports_point_down():
+    upward = []
+    for path, targets in _graph().items():
+        source = _floor_key(path)
+        for target in targets:
+            destination = _floor_key(target)
+            if destination != source and FLOORS[destination] >= FLOORS[source]:
+                upward.append(f"{path.relative_to(SOURCE)} -> {target.relative_to(SOURCE)}")
+    assert not upward, "imports that do not point down:\n" + "\n".join(sorted(upward))
+
+
+def _cycle_from(graph: dict[Path, set[Path]]) -> list[Path] | None:
+    state: dict[Path, int] = {}
+    stack: list[Path] = []
+
+    def visit(node: Path) -> list[Path] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in graph:
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_circle_between_files():
+    graph = _graph()
+    # A package's __init__ importing its own submodules, which import siblings through the package, is the
+    # normal shape of a package; a circle is a file importing (directly or not) a file that imports it back
+    # through a module other than its own package's __init__.
+    inits = {path for path in graph if path.name == "__init__.py"}
+    pruned = {path: {t for t in targets if not (t in inits and path.is_relative_to(t.parent))}
+              for path, targets in graph.items()}  # fmt: skip
+    cycle = _cycle_from(pruned)
+    assert cycle is None, "import circle: " + " -> ".join(str(p.relative_to(SOURCE)) for p in cycle)
+
+
+@pytest.mark.parametrize("module", ["lowbit.ptq", "lowbit.ops", "lowbit.calibrate", "lowbit.flows", "lowbit.graph",
+                                    "lowbit.export", "lowbit.report", "lowbit.nn", "lowbit.qtensor"])  # fmt: skip
+def test_documented_subpackages_are_attributes_of_lowbit(module):
+    import subprocess
+    import sys
+
+    name = module.rpartition(".")[2]
+    code = f"import lowbit, sys; m = lowbit.{name}; assert m.__name__ == {module!r}, m; print('ok')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
