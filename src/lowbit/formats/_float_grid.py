@@ -67,6 +67,29 @@ def round_to_float_grid(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Nearest (by ``rounding``) value of the grid described above, saturating at +-max_value."""
+    # Elements of the binade [2^e, 2^(e+1)) (or the subnormal range) sit on multiples of 2^(e - M).
+    step = grid_step(x, mantissa_bits, min_exponent)
+    scaled = x / step  # exact: a power of two
+    rounded = scaled.round_() if rounding == "nearest_even" else round_to_integer(scaled, rounding, generator)
+    rounded = rounded.mul_(step)
+    if isinstance(max_value, torch.Tensor):
+        return torch.maximum(torch.minimum(rounded, max_value), -max_value)
+    return rounded.clamp_(-max_value, max_value)
+
+
+def grid_step(x: torch.Tensor, mantissa_bits: int, min_exponent: int | torch.Tensor) -> torch.Tensor:
+    """2^(max(floor(log2 |x|), min_exponent) - M): the grid step at each element.
+
+    Where the smallest step is a normal number of x's dtype (every minifloat / OCP grid in float32), the
+    step is the exponent field of x lowered by M >= 1 binades and clamped from below, built in two integer passes
+    (``_step_from_bits``); +-inf and NaN get a huge finite step, which leaves them inf / NaN exactly as the
+    general path's step does. Otherwise (per-block exponents, steps below the normal range) the general
+    path reads the exponent (``floor_log2``) and builds the power of two (``exact_pow2``).
+    """
+    if not isinstance(min_exponent, torch.Tensor) and x.dtype in _LAYOUT:
+        _, _, bias, _ = _LAYOUT[x.dtype]
+        if min_exponent - mantissa_bits >= 1 - bias and mantissa_bits >= 1:  # M = 0: inf would get step inf
+            return _step_from_bits(x, mantissa_bits, min_exponent)
     exponent = floor_log2(x.abs())
     if isinstance(min_exponent, torch.Tensor):
         # Widen to the per-block tensor's integer type (not narrow it): mixing int32 and int64 lanes trips
@@ -74,12 +97,16 @@ def round_to_float_grid(
         exponent = torch.maximum(exponent.to(min_exponent.dtype), min_exponent)
     else:
         exponent = exponent.clamp(min=min_exponent)
-    # Elements of the binade [2^e, 2^(e+1)) (or the subnormal range) sit on multiples of 2^(e - M).
-    step = exact_pow2(exponent - mantissa_bits, x.dtype)
-    rounded = round_to_integer(x / step, rounding, generator) * step
-    if isinstance(max_value, torch.Tensor):
-        return torch.maximum(torch.minimum(rounded, max_value), -max_value)
-    return rounded.clamp(-max_value, max_value)
+    return exact_pow2(exponent - mantissa_bits, x.dtype)
+
+
+def _step_from_bits(x: torch.Tensor, mantissa_bits: int, min_exponent: int) -> torch.Tensor:
+    int_dtype, float_mantissa_bits, bias, _ = _LAYOUT[x.dtype]
+    exponent_mask = (2 * bias + 1) << float_mantissa_bits
+    field = x.view(int_dtype) & exponent_mask  # the biased exponent in place; sign and mantissa cleared
+    field.sub_(mantissa_bits << float_mantissa_bits)  # M binades lower (negative for tiny x: clamped next)
+    field.clamp_(min=(min_exponent - mantissa_bits + bias) << float_mantissa_bits)
+    return field.view(x.dtype)
 
 
 def float_grid_max(exponent_width: int, mantissa_bits: int, exponent_bias: int, reserved_top: bool) -> float:
