@@ -133,6 +133,8 @@ def read_node_config(op: str, config: Mapping[str, Any], where: str = "node", *,
     if shared and op in MASE_OP_ROLES:
         roles = tuple(role for role in roles if role in MASE_OP_ROLES[op] or role in _TRAINING_ROLES)
     grouped, common, unused = _group_by_role(op, config, roles, default_name, shared, where)
+    if not grouped:  # {"name": "mxfp4_e2m1"} alone: the format with its defaults for every required operand
+        grouped = {role: {} for role in required}
     for role in required:
         if role not in grouped:
             example = f"{role}_width" if "width" in get_format(default_name).parameter_names() else f"{role}_name"
