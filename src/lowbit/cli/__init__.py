@@ -1,46 +1,89 @@
-"""The ``lowbit`` command: ``lowbit {train,test,transform,stats-to-config,formats,export,report} ...``.
+"""The ``lowbit`` command: ``lowbit {train,test,transform,report,export,formats,stats-to-config} ...``.
 
 Thin: it parses, merges options (default < TOML < command line), prints the effective configuration and
-calls :mod:`lowbit.pipeline`. Any error a user can cause ends the command with ONE line on stderr and exit
-status 2; ``--debug`` shows the traceback instead.
+calls :mod:`lowbit.pipeline`. Any error ends the command with ONE line on stderr (``--debug`` shows the
+traceback instead) and an exit status that says whose problem it is:
+
+- 2: usage or configuration errors (bad flags, bad TOML, bad values, unknown names: fix the command);
+- 1: runtime failures (a model producing NaN, an export or a file write failing, a missing extra, a bug);
+- 130: interrupted (Ctrl-C).
+
+``-q`` keeps only warnings and errors on stderr (and no progress bars); ``-v`` adds details.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
 
-from lowbit.errors import LowbitError
+from lowbit.errors import ConfigError, FormatError, LowbitError
 
 EXIT_USAGE = 2
+EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from lowbit.cli.parser import UsageError, build_parser
-
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
+        from lowbit.cli.parser import UsageError, build_parser
+
         args = build_parser().parse_args(argv)
-        return int(args.command_function(args) or 0)
-    except UsageError as error:
-        return _fail(str(error), debug, error)
-    except LowbitError as error:
-        return _fail(str(error), debug, error)
-    except (OSError, ImportError) as error:  # a missing file / folder, an extra that is not installed
-        return _fail(f"{type(error).__name__}: {error}", debug, error)
+        with _messages(args):
+            return int(args.command_function(args) or 0)
     except KeyboardInterrupt:
         print("lowbit: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except (UsageError, ConfigError, FormatError) as error:
+        return _fail(str(error), debug, error, EXIT_USAGE)
+    except LowbitError as error:
+        return _fail(str(error), debug, error, EXIT_FAILURE)
+    except (OSError, ImportError) as error:  # a file that cannot be written, an extra that is not installed
+        return _fail(f"{type(error).__name__}: {error}", debug, error, EXIT_FAILURE)
+    except Exception as error:  # a bug: still one line, the traceback behind --debug
+        return _fail(f"internal error {type(error).__name__}: {error} (run with --debug for the traceback)", debug,
+                     error, EXIT_FAILURE)  # fmt: skip
 
 
-def _fail(message: str, debug: bool, error: BaseException) -> int:
+def _fail(message: str, debug: bool, error: BaseException, status: int) -> int:
     if debug:
         raise error
     first_line = " ".join(message.split()) if message else type(error).__name__
     print(f"lowbit: error: {first_line}", file=sys.stderr)
-    return EXIT_USAGE
+    return status
+
+
+class _Format(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        label = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
+        return f"lowbit: {label}{record.getMessage()}"
+
+
+class _messages:
+    """The ``lowbit`` logger on stderr at the level -q / -v ask for, for the duration of one command."""
+
+    def __init__(self, args) -> None:
+        quiet, verbose = getattr(args, "quiet", False), getattr(args, "verbose", 0)
+        self.level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
+        if quiet:
+            args.progress = False  # no progress bars either
+
+    def __enter__(self) -> None:
+        self.logger = logging.getLogger("lowbit")
+        self.handler = logging.StreamHandler(sys.stderr)  # the stderr of now (tests capture it)
+        self.handler.setFormatter(_Format())
+        self.saved = (self.logger.level, self.logger.propagate)
+        self.logger.addHandler(self.handler)
+        self.logger.setLevel(self.level)
+        self.logger.propagate = False
+
+    def __exit__(self, *exc) -> None:
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.saved[0])
+        self.logger.propagate = self.saved[1]
 
 
 def is_rank_zero() -> bool:
@@ -48,4 +91,4 @@ def is_rank_zero() -> bool:
     return all(os.environ.get(name, "0") == "0" for name in ("LOCAL_RANK", "NODE_RANK"))
 
 
-__all__ = ["EXIT_USAGE", "is_rank_zero", "main"]
+__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "is_rank_zero", "main"]

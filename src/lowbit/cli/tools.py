@@ -10,9 +10,12 @@ from lowbit.errors import LowbitError
 
 
 def add_tool_commands(sub: Any) -> None:
+    from lowbit.cli.parser import add_verbosity
+
     formats = sub.add_parser("formats", help="list every number format with its parameters and value range")
     formats.add_argument("name", nargs="?", help="show one format (default: all)")
     formats.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    add_verbosity(formats)
     formats.set_defaults(command_function=run_formats)
 
     stats = sub.add_parser("stats-to-config", help="statistics TOML -> per-node scaled-ternary quantize config")
@@ -20,6 +23,7 @@ def add_tool_commands(sub: Any) -> None:
     stats.add_argument("dest", metavar="DEST", help="config TOML to write")
     stats.add_argument("-b", "--base", help="config whose passes.quantize.default.config is the template")
     stats.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    add_verbosity(stats)
     stats.set_defaults(command_function=run_stats_to_config)
 
     export = sub.add_parser("export", help="export a transformed model (ONNX QDQ, lowbit safetensors)")
@@ -29,12 +33,15 @@ def add_tool_commands(sub: Any) -> None:
     export.add_argument("--batch-size", type=int, default=1, help="batch size of the example input (default 1)")
     export.add_argument("--dataset", help="dataset giving the example input (default: the checkpoint's)")
     export.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    add_verbosity(export)
     export.set_defaults(command_function=run_export)
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-dir", help="folder for report.json / report.html (default: <project>/software/transform/report)")
-    parser.add_argument("--sensitivity", type=lambda t: t.lower() in ("1", "true", "yes", "on"), default=True,
+    from lowbit.cli.parser import parse_bool
+
+    parser.add_argument("--sensitivity", type=parse_bool, default=True,
                         help="rank layers by the metric when only that layer is quantized (default true)")  # fmt: skip
 
 

@@ -8,6 +8,7 @@ value came from, so the effective configuration can be printed as a table.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -80,7 +81,24 @@ def check_option_value(name: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {name} must be at least 1, got {value!r}")
     if name == "devices" and not (converted == "auto" or (converted.isdigit() and int(converted) > 0)):
         raise ConfigError(f"{where}: devices must be a positive count or 'auto', got {value!r}")
+    _check_range(name, converted, value, where)
     return converted
+
+
+_AT_LEAST_ZERO = ("num_workers", "weight_decay", "eta_min")
+_POSITIVE = ("learning_rate",)
+
+
+def _check_range(name: str, converted: Any, value: Any, where: str) -> None:
+    """Numbers that must be finite and in range (a NaN learning rate trains nothing, silently)."""
+    if isinstance(converted, float) and not math.isfinite(converted):
+        raise ConfigError(f"{where}: {name} must be a finite number, got {value!r}")
+    if name in _POSITIVE and converted <= 0:
+        raise ConfigError(f"{where}: {name} must be greater than 0, got {value!r}")
+    if name in _AT_LEAST_ZERO and converted < 0:
+        raise ConfigError(f"{where}: {name} must be at least 0, got {value!r}")
+    if name == "max_steps" and converted != -1 and converted < 1:
+        raise ConfigError(f"{where}: max_steps must be -1 (no limit) or at least 1, got {value!r}")
 
 
 def _convert(option: Option, value: Any) -> Any:

@@ -17,9 +17,10 @@ from torch import nn
 
 from lowbit._io import atomic_write_text
 from lowbit.config.toml_config import RunConfig
-from lowbit.errors import ConfigError
+from lowbit.errors import ConfigError, did_you_mean
 from lowbit.pipeline.catalog import build_model, check_pair, dataset_info, make_loader, model_inputs
 from lowbit.pipeline.checkpoints import infer_load_type, load_checkpoint, save_lowbit, saved_origin
+from lowbit.pipeline.progress import warn
 from lowbit.pipeline.passes import PASSES, TransformRun, check_pass_keys, check_quantize
 
 
@@ -31,7 +32,20 @@ def prepare(options: Any) -> None:
     """Check model / dataset; fill in the task from the dataset and the default project name (in place)."""
     model, dataset = check_pair(options["model"], options["dataset"])
     task = dataset_info(dataset).task
+    if options.source("task") != "default" and options["task"] != task:
+        raise ConfigError(f"task {options['task']!r} ({options.source('task')}) does not fit dataset {dataset!r}, "
+                          f"whose task is {task!r}; leave task out")  # fmt: skip
     options.values.update(model=model, dataset=dataset, task=task, project=options["project"] or f"{model}_{task}_{dataset}")
+
+
+PRETRAINED_MODELS = ("minilm",)  # built with their published weights
+
+
+def warn_if_untrained(options: Any) -> None:
+    """One warning line when a command evaluates a model that keeps its random initial weights."""
+    if options["load"] is None and options["model"] not in PRETRAINED_MODELS:
+        warn(f"no --load checkpoint: {options['model']} runs with random, untrained weights, so its accuracy "
+             f"means nothing (train it with `lowbit train`, then pass --load <checkpoint>)")  # fmt: skip
 
 
 def load_model(options: Any) -> nn.Module:
@@ -53,6 +67,7 @@ def train(options: Any) -> dict[str, Any]:
     from lowbit.pipeline.evaluate import evaluate
     from lowbit.train import fit
 
+    check_training_options(options)
     model = load_model(options)
     root = software_dir(options)
     result = fit(model, options, root / "training_ckpts", root / "logs")
@@ -71,6 +86,21 @@ def train(options: Any) -> dict[str, Any]:
         save_lowbit(trained, directory, model_name=options["model"], dataset=options["dataset"])
         summary["transformed"] = str(directory)
     return summary
+
+
+def check_training_options(options: Any) -> None:
+    """Lightning's strategy and accelerator, checked before any work: a clear error instead of its traceback."""
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    strategies = ["auto", *StrategyRegistry.available_strategies()]
+    if options["strategy"] not in strategies:
+        raise ConfigError(f"strategy {options['strategy']!r}{did_you_mean(options['strategy'], strategies)}; "
+                          f"strategies: {', '.join(strategies[:6])}, ... (Lightning's StrategyRegistry)")  # fmt: skip
+    accelerator = options["accelerator"]
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"accelerator {accelerator!r}: no CUDA GPU is available here (use --accelerator cpu or auto)")
+    if accelerator == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("accelerator 'mps': Apple's MPS is not available here (use --accelerator cpu or auto)")
 
 
 def _is_transformed(model: nn.Module) -> bool:
@@ -95,20 +125,35 @@ def test(options: Any) -> dict[str, Any]:
 def transform(options: Any, config: RunConfig) -> dict[str, Any]:
     if not config.passes:
         raise ConfigError(f"{config.path or 'the config'} has no [passes.*] tables: nothing to transform")
+    style = _style(config)
     for name, args in config.passes:
-        check_pass_keys(name, args, config.style)
+        check_pass_keys(name, args, style)
     model = load_model(options)
-    run = TransformRun(_captured(model, options, config.style), copy.deepcopy(model).eval(), options,
-                       software_dir(options) / "transform", config.style)  # fmt: skip
+    run = TransformRun(_captured(model, options, style), copy.deepcopy(model).eval(), options,
+                       software_dir(options) / "transform", style)  # fmt: skip
     for name, args in config.passes:  # check every quantize table before any pass does real work
         if name == "quantize":
             check_quantize(run, args)
+    warn_if_untrained(options)
     for name, args in config.passes:
         run.infos[name] = PASSES[name].run(run, args)
     directory = run.out_dir / "transformed_ckpt"
-    save_lowbit(run.model if config.style == "graph" else run.module, directory, model_name=options["model"],
-                dataset=options["dataset"], quantize_args=run.quantize_args)  # fmt: skip
+    save_lowbit(run.model if style == "graph" else run.module, directory, model_name=options["model"],
+                dataset=options["dataset"], quantize_args=run.quantize_args, recipe=run.recipe)  # fmt: skip
     return {"passes": run.infos, "transformed": str(directory), "model": run.module}
+
+
+def _style(config: RunConfig) -> str:
+    """The config's style; ``[passes.quantize_model]`` works on the module (real layers do not trace), so a
+    config using it runs in module style unless a pass needs the graph."""
+    names = [name for name, _ in config.passes]
+    if "quantize_model" not in names:
+        return config.style
+    graph_passes = [name for name in names if PASSES[name].graph_only]
+    if graph_passes:
+        raise ConfigError(f"[passes.quantize_model] runs on the module, but [passes.{graph_passes[0]}] needs a "
+                          "traced graph; use them in separate configs")  # fmt: skip
+    return "module"
 
 
 def _captured(model: nn.Module, options: Any, style: str) -> Any:
@@ -128,4 +173,5 @@ def _captured(model: nn.Module, options: Any, style: str) -> Any:
     return graph
 
 
-__all__ = ["load_model", "prepare", "software_dir", "test", "train", "transform"]
+__all__ = ["check_training_options", "load_model", "prepare", "software_dir", "test", "train", "transform",
+           "warn_if_untrained"]

@@ -23,10 +23,11 @@ import torch
 from torch import nn
 
 from lowbit._io import atomic_write_bytes, atomic_write_text
-from lowbit.errors import ConfigError
+from lowbit.errors import ConfigError, LowbitError
 
 LOAD_TYPES = ("pt", "pl", "lowbit")
 MODULE_SCHEMA, MODULE_VERSION = "lowbit.module", 1
+WEIGHTS_FILE = "model.safetensors"  # version 2: written by lowbit.save (real modules recorded in its header)
 RUN_SCHEMA, RUN_FILE = "lowbit.run", "run.json"  # which built-in model / dataset a saved graph came from
 
 
@@ -59,6 +60,10 @@ def load_checkpoint(model: nn.Module | None, path: str | os.PathLike, load_type:
 def _read_state(path: Path) -> dict[str, Any]:
     if path.is_dir():
         raise ConfigError(f"{path} is a folder; a pt / pl checkpoint is a file (a folder loads with --load-type lowbit)")
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {path} is not a regular file")
+    if path.stat().st_size == 0:
+        raise ConfigError(f"checkpoint {path} is empty (0 bytes): a save was interrupted, or this is the wrong file")
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -66,7 +71,8 @@ def _read_state(path: Path) -> dict[str, Any]:
             return dict(load_file(str(path)))
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # corrupt, truncated, or holding objects that weights_only refuses
-        raise ConfigError(f"cannot read checkpoint {path}: {type(error).__name__}: {str(error).splitlines()[0]}") from None
+        first_line = (str(error).strip().splitlines() or ["(no message)"])[0]
+        raise ConfigError(f"cannot read checkpoint {path}: {type(error).__name__}: {first_line}") from None
     if not isinstance(state, Mapping):
         raise ConfigError(f"checkpoint {path} holds a {type(state).__name__}, not a state dict")
     return dict(state)
@@ -96,8 +102,10 @@ def load_state_strict(model: nn.Module, state: Mapping[str, Any], where: str) ->
 
 # ---- lowbit folders ---------------------------------------------------------------------------------------
 def save_lowbit(model: nn.Module, directory: str | os.PathLike, *, model_name: str | None = None,
-                dataset: str | None = None, quantize_args: Any = None) -> list[Path]:  # fmt: skip
-    """Save a transformed model: an fx graph with :func:`save_graph`; any other module in module style."""
+                dataset: str | None = None, quantize_args: Any = None, recipe: Any = None) -> list[Path]:  # fmt: skip
+    """Save a transformed model: an fx graph with :func:`save_graph`; any other module in module style
+    (with ``recipe``, the ``[passes.quantize_model]`` table: tensors and real modules through
+    :func:`lowbit.save`, version 2)."""
     from torch import fx
 
     from lowbit.graph import QGraph, save_graph
@@ -110,6 +118,8 @@ def save_lowbit(model: nn.Module, directory: str | os.PathLike, *, model_name: s
         return [*files, directory / RUN_FILE]
     if model_name is None:
         raise ConfigError("saving a module-style model needs the built-in model name that rebuilds it")
+    if recipe is not None:
+        return _save_version_2(model, directory, model_name, dataset, quantize_args, recipe)
     from safetensors.torch import save as to_bytes
 
     state = {key: value.detach().contiguous() for key, value in model.state_dict().items()}
@@ -118,6 +128,20 @@ def save_lowbit(model: nn.Module, directory: str | os.PathLike, *, model_name: s
     atomic_write_bytes(directory / "state.safetensors", to_bytes(state))
     atomic_write_text(directory / "module.json", json.dumps(doc, indent=1, default=_not_json))
     return [directory / "state.safetensors", directory / "module.json"]
+
+
+def _save_version_2(model: nn.Module, directory: Path, model_name: str, dataset: str | None, quantize_args: Any,
+                    recipe: Any) -> list[Path]:  # fmt: skip
+    import lowbit
+    from lowbit.pipeline.progress import waiting
+
+    doc = {"schema": MODULE_SCHEMA, "version": 2, "model": model_name, "dataset": dataset, "quantize": quantize_args,
+           "quantize_model": recipe, "weights": WEIGHTS_FILE}  # fmt: skip
+    text = json.dumps(doc, indent=1, default=_not_json)
+    with waiting(f"saving {directory}", slow=False):
+        lowbit.save(model, directory / WEIGHTS_FILE)
+    atomic_write_text(directory / "module.json", text)
+    return [directory / WEIGHTS_FILE, directory / "module.json"]
 
 
 def _not_json(value: Any) -> Any:
@@ -155,13 +179,30 @@ def _load_module_style(directory: Path) -> nn.Module:
         doc = json.loads((directory / "module.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise ConfigError(f"cannot read {directory / 'module.json'}: {error}") from None
-    if not isinstance(doc, dict) or doc.get("schema") != MODULE_SCHEMA or doc.get("version") != MODULE_VERSION:
-        raise ConfigError(f"{directory / 'module.json'} is not a lowbit module checkpoint (schema {MODULE_SCHEMA} v{MODULE_VERSION})")
+    if not isinstance(doc, dict) or doc.get("schema") != MODULE_SCHEMA or doc.get("version") not in (1, 2):
+        raise ConfigError(f"{directory / 'module.json'} is not a lowbit module checkpoint (schema {MODULE_SCHEMA} v1 or v2)")
     model = build_model(doc.get("model"), doc.get("dataset"))
     if doc.get("quantize") is not None:
         model, _ = quantize_module_transform_pass(model, doc["quantize"])
+    if doc["version"] == 2:
+        return _load_version_2(model, directory, doc)
     load_state_strict(model, _read_state(directory / "state.safetensors"), str(directory))
     return model
+
+
+def _load_version_2(model: nn.Module, directory: Path, doc: dict[str, Any]) -> nn.Module:
+    import lowbit
+    from lowbit.pipeline.quantizing import rebuild_structure
+
+    if isinstance(doc.get("quantize_model"), dict):
+        model = rebuild_structure(model, doc["quantize_model"])
+    path = directory / str(doc.get("weights", WEIGHTS_FILE))
+    if not path.is_file():
+        raise ConfigError(f"{directory} has no {path.name}: the checkpoint is incomplete")
+    try:
+        return lowbit.load(path, model=model)
+    except LowbitError as error:
+        raise ConfigError(f"cannot load {path}: {error}") from None
 
 
 __all__ = ["LOAD_TYPES", "infer_load_type", "load_checkpoint", "load_lowbit", "load_state_strict", "save_lowbit",

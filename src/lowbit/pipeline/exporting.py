@@ -1,14 +1,18 @@
 """``lowbit export``: a transformed model (a ``transformed_ckpt`` folder) to QDQ ONNX and / or lowbit's
-safetensors file. The example input for ONNX is a batch of the model's dataset."""
+safetensors file. The example input for ONNX is a batch of the model's dataset; a tokenized batch (MiniLM)
+becomes the positional inputs in the order of the model's ``forward`` (input_ids, attention_mask, ...)."""
 
 from __future__ import annotations
 
+import inspect
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from lowbit.errors import ConfigError
 from lowbit.pipeline.catalog import check_pair, get_split, make_loader, model_inputs
 from lowbit.pipeline.checkpoints import load_lowbit, saved_origin
+from lowbit.pipeline.progress import waiting
 
 
 def export(folder: str | os.PathLike, *, onnx_path: str | None = None, safetensors_path: str | None = None,
@@ -16,20 +20,36 @@ def export(folder: str | os.PathLike, *, onnx_path: str | None = None, safetenso
     folder = Path(folder)
     if not folder.exists():
         raise ConfigError(f"checkpoint {folder} does not exist")
-    model = load_lowbit(folder).eval()
+    with waiting(f"loading {folder}", slow=False):
+        model = load_lowbit(folder).eval()
     written = []
     if safetensors_path:
         from lowbit.export import save
 
-        save(model, safetensors_path)
+        with waiting(f"writing {safetensors_path}", slow=False):
+            save(model, safetensors_path)
         written.append(safetensors_path)
     if onnx_path:
         from lowbit.export import export_onnx
 
         example = _example_input(folder, dataset, batch_size)
-        export_onnx(model, example, onnx_path, dynamic_batch=True)
+        if isinstance(example, Mapping):
+            example = positional_inputs(model, example)
+        with waiting(f"exporting ONNX to {onnx_path} (torch.onnx.export; a transformer takes up to a minute)"):
+            export_onnx(model, example, onnx_path, dynamic_batch=True)
         written.append(onnx_path)
     return written
+
+
+def positional_inputs(model, batch: Mapping) -> tuple:
+    """A keyword batch as positional inputs in the order of ``model.forward``'s parameters (None for a
+    parameter the batch does not give, between two it does)."""
+    parameters = list(inspect.signature(model.forward).parameters)
+    unknown = [key for key in batch if key not in parameters]
+    if unknown:
+        raise ConfigError(f"the example batch has inputs {unknown} that {type(model).__name__}.forward does not take")
+    last = max(parameters.index(key) for key in batch)
+    return tuple(batch.get(name) for name in parameters[: last + 1])
 
 
 def _example_input(folder: Path, dataset: str | None, batch_size: int):
@@ -41,10 +61,8 @@ def _example_input(folder: Path, dataset: str | None, batch_size: int):
         check_pair(model_name, dataset)
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
-    if dataset == "sentences":
-        raise ConfigError("ONNX export of the MiniLM model is not supported by lowbit export (export the float model with transformers)")
     get_split(dataset, "test")  # a clear error for an unknown dataset before the loader is made
     return model_inputs(next(iter(make_loader(dataset, "test", batch_size))))
 
 
-__all__ = ["export"]
+__all__ = ["export", "positional_inputs"]

@@ -31,6 +31,7 @@ class TransformRun:
     out_dir: Path
     style: str
     quantize_args: Any = None  # module style: what rebuilds the model when it is loaded
+    recipe: Any = None  # [passes.quantize_model]'s table (no data): what rebuilds its layers
     infos: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -145,6 +146,23 @@ def _weight_only(run: TransformRun, args: dict[str, Any]) -> Any:
     return info
 
 
+def _quantize_model(run: TransformRun, args: dict[str, Any]) -> Any:
+    import lowbit
+    from lowbit.pipeline.progress import waiting
+    from lowbit.pipeline.quantizing import DEFAULT_BATCHES, needs_data, recipe_call, saved_recipe
+
+    recipe, options = recipe_call(args)
+    what = args["recipe"] + (" (GPTQ)" if args.get("method") == "gptq" else "")
+    if needs_data(args):
+        count = args.get("num_batches") or DEFAULT_BATCHES
+        with waiting(f"reading {count} calibration batches of {run.options['dataset']}", slow=False):
+            options["calibration_data"] = run.inputs("train", count)
+    with waiting(f"quantize_model: {what}", slow=args.get("method") == "gptq" or needs_data(args)):
+        _, info = lowbit.quantize_model(run.module, recipe, **options)
+    run.recipe = saved_recipe(args)
+    return info
+
+
 def _save_statistics(run: TransformRun, args: dict[str, Any]) -> Any:
     from lowbit.graph import save_statistics
 
@@ -176,6 +194,7 @@ PASSES: dict[str, PassSpec] = {
                                               "activation_statistics", "num_samples", "profile_output_activation")),
     "quantize": PassSpec(_quantize, None, graph_only=False),
     "calibrate": PassSpec(_calibrate, _CALIBRATE_KEYS, graph_only=False),
+    "quantize_model": PassSpec(_quantize_model, None, graph_only=False),
     "quantize_dynamic": PassSpec(_dynamic, ("bits", "per", "weight_bits", "ops"), graph_only=False),
     "quantize_weight_only": PassSpec(_weight_only, ("bits", "group_size", "ops"), graph_only=False),
     "summarize_quantization": _graph_pass("summarize_quantization_analysis_pass", ("save_dir", "print"), ("save_dir",)),
@@ -194,12 +213,42 @@ def check_pass_keys(name: str, args: dict[str, Any], style: str) -> None:
     spec = PASSES[name]
     if spec.graph_only and style == "module":
         raise ConfigError(f"[passes.{name}] needs a traced graph; it cannot run with transform.style = 'module'")
+    if name == "quantize_model":
+        from lowbit.pipeline.quantizing import check_quantize_model
+
+        check_quantize_model(args)
     if spec.keys is None:
         return
-    for key in args:
+    for key, value in args.items():
         if key not in spec.keys:
             valid = ", ".join(spec.keys) or "none"
             raise ConfigError(f"[passes.{name}]: unknown key {key!r}{did_you_mean(key, spec.keys)}; valid keys: {valid}")
+        _check_value(name, key, value)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+# What a value of each common adapter key must be (None is always allowed: MASE's "NA").
+_VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    **{key: ("a positive integer", _positive_int) for key in ("num_batches", "num_samples", "bits", "weight_bits",
+                                                               "group_size", "weight_group_size")},
+    **{key: ("true or false", lambda v: isinstance(v, bool)) for key in ("signed", "symmetric", "sensitivity",
+                                                                          "print_table", "print", "profile_output_activation")},
+    **{key: ("a string", lambda v: isinstance(v, str)) for key in ("save_path", "save_dir", "observer", "metric",
+                                                                    "per", "activation_format", "by")},
+    "ops": ("a list of op names", lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v)),
+}  # fmt: skip
+
+
+def _check_value(name: str, key: str, value: Any) -> None:
+    rule = _VALUE_RULES.get(key)
+    if value is None or rule is None:
+        return
+    kind, ok = rule
+    if not ok(value):
+        raise ConfigError(f"[passes.{name}] {key} must be {kind}, got {value!r}")
 
 
 __all__ = ["PASSES", "PassSpec", "TransformRun", "check_pass_keys", "check_quantize"]
