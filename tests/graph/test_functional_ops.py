@@ -14,6 +14,7 @@ import lowbit
 from lowbit.graph import QGraph, quantize_transform_pass
 from lowbit.graph.qgraph import _trace
 from lowbit.nn import OP_ROLES
+from lowbit.nn.roles import ROLES
 
 Q = lowbit.get_format("integer")(width=8, frac_width=5)
 CONFIG = {"name": "integer", **{f"{role}_{key}": value for role in ("data_in", "weight", "bias", "data_out")
@@ -77,8 +78,9 @@ def _quantized():
     args = {"by": "type", "default": {"config": {"name": "NA"}}}
     for op, (required, optional) in OP_ROLES.items():
         config = {"name": "integer"}
-        for role in required + optional:
-            config.update({f"{role}_width": 8, f"{role}_frac_width": 5})
+        for role in required + optional:  # the forward roles: the reference models no gradient / accumulator
+            if role in ROLES:
+                config.update({f"{role}_width": 8, f"{role}_frac_width": 5})
         args[op] = {"config": config}
     graph, info = quantize_transform_pass(graph, args)
     return model, graph, info

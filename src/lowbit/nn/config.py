@@ -133,7 +133,9 @@ def read_node_config(op: str, config: Mapping[str, Any], where: str = "node", *,
     if shared and op in MASE_OP_ROLES:
         roles = tuple(role for role in roles if role in MASE_OP_ROLES[op] or role in _TRAINING_ROLES)
     grouped, common, unused = _group_by_role(op, config, roles, default_name, shared, where)
-    if not grouped:  # {"name": "mxfp4_e2m1"} alone: the format with its defaults for every required operand
+    if not grouped and "width" not in get_format(default_name).parameter_names():
+        # {"name": "mxfp4_e2m1"} alone: that format with its defaults for every required operand (formats
+        # with a width, as in MASE, still need each operand's width)
         grouped = {role: {} for role in required}
     for role in required:
         if role not in grouped:
