@@ -1,15 +1,21 @@
-"""Format emulation speed: every format's quantize as a multiple of x.clone(), eager vs compiled vs peers.
+"""Format emulation speed: every format's quantize as a multiple of x.clone(), eager / auto / compiled vs peers.
 
-Method: for each format and tensor, the methods (clone, lowbit eager, lowbit compiled, each peer that has
-the format) run in one process, round-robin for ROUNDS rounds with a rotating start; each round times
-enough calls of every method to last about TARGET seconds; the ratio to clone is taken within the round;
-the table reports the median ratio and the min-max over rounds. "first call" is the latency of the first
-compiled call of a format (compile included) with an empty Inductor cache, after one warm-up compile in the
-process. Compiled and eager outputs are checked to be bit-identical before timing. The report starts with
-the command and the machine line of ``machine.py``.
+Method: for each format and tensor, the methods (clone, lowbit eager, lowbit auto in steady state, lowbit
+compiled, each peer that has the format) run in one process, round-robin for ROUNDS rounds with a rotating
+start; each round times enough calls of every method to last about TARGET seconds; the ratio to clone is
+taken within the round; the table reports the median ratio and the min-max over rounds. "auto" is the
+default backend once its background kernel is ready (the compiled column's kernel, marked ready with
+``backend.build``; below ``AUTO_MIN_ELEMENTS`` it stays eager). Compiled and eager outputs are checked to
+be bit-identical before timing.
 
-Usage: python benchmarks/formats.py [--sizes 1024 4096] [--dtypes float32 bfloat16] [--rounds 7]
-                                    [--only NAME ...] [--out FILE]
+First calls (``--first-call``): each format in a fresh process (subprocess) on the first shape, default
+backend, timing ``lowbit.quantize``'s first call and the median and max of the next five (the second call
+queues the background compile, so these run beside it); "cold" with an empty
+Inductor cache directory, "warm" in a second fresh process on the same directory. The report starts with the
+command and the machine line of ``machine.py``.
+
+Usage: python benchmarks/formats.py [--shapes 384x384 2112x384] [--dtypes float32 bfloat16] [--rounds 5]
+                                    [--only NAME ...] [--first-call] [--out FILE]
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import tempfile
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="lowbit-bench-inductor-"))
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
@@ -62,7 +70,8 @@ FORMATS: list[tuple[str, dict, str]] = [
     ("mxfp6_e2m3", {}, "block"),
     ("mxfp4_e2m1", {}, "block"),
 ]
-TARGET = 0.1
+TARGET = 0.05
+SHAPES = ["384x384", "1536x384", "2112x384", "4096x4096"]
 
 
 def on_backend(name: str, spec: lowbit.FormatSpec, x: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -96,27 +105,26 @@ def time_round_robin(methods: dict[str, Callable[[], object]], rounds: int) -> d
     return result
 
 
-def first_call_seconds(spec: lowbit.FormatSpec, x: torch.Tensor) -> float:
+def compiled_then_ready(spec: lowbit.FormatSpec, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """The auto backend in steady state: the compiled kernel for x's signature marked ready."""
     backend.set_backend("compiled")
-    start = time.perf_counter()
-    spec.quantize(x)
-    return time.perf_counter() - start
+    spec.quantize(x)  # compiles (or reuses) the kernel of this key
+    backend.build(backend.kernel_signature(spec, tuple(x.shape), x.dtype))
+    return on_backend("auto", spec, x)
 
 
-def bench_row(name: str, params: dict, x: torch.Tensor, rounds: int, first: dict) -> dict:
+def bench_row(name: str, params: dict, x: torch.Tensor, rounds: int) -> dict:
     spec = lowbit.get_format(name)(**params)
-    key = spec.describe()
-    if key not in first:
-        first[key] = first_call_seconds(spec, x)
     eager, compiled = on_backend("eager", spec, x), on_backend("compiled", spec, x)
     want, got = eager(), compiled()
-    identical = torch.equal(want.isnan(), got.isnan()) and torch.equal(want.nan_to_num(), got.nan_to_num())
-    methods = {"clone": x.clone, "eager": eager, "compiled": compiled, **peers_for(name, params, x)}
+    auto = compiled_then_ready(spec, x)
+    identical = all(torch.equal(want.isnan(), y.isnan()) and torch.equal(want.nan_to_num(), y.nan_to_num())
+                    for y in (got, auto()))  # fmt: skip
+    methods = {"clone": x.clone, "eager": eager, "auto": auto, "compiled": compiled, **peers_for(name, params, x)}
     timing = time_round_robin(methods, rounds)
-    peer_names = [m for m in methods if m not in ("clone", "eager", "compiled")]
+    peer_names = [m for m in methods if m not in ("clone", "eager", "auto", "compiled")]
     best_peer = min(peer_names, key=lambda m: timing[m][0]) if peer_names else None
-    return {"format": key, "timing": timing, "best_peer": best_peer, "identical": identical,
-            "first_call": first[key]}  # fmt: skip
+    return {"format": spec.describe(), "timing": timing, "best_peer": best_peer, "identical": identical}
 
 
 def format_row(row: dict, kind: str) -> str:
@@ -128,37 +136,83 @@ def format_row(row: dict, kind: str) -> str:
 
     peer = row["best_peer"]
     peer_cell = f"{peer}: {cell(peer)}" if peer else "-"
-    speedup = f"{timing[peer][0] / timing['compiled'][0]:.1f}x" if peer else "-"
-    return (f"| {row['format']} | {kind} | {cell('eager')} | {cell('compiled')} | {timing['clone'][3] * 1e3:.2f} "
-            f"| {peer_cell} | {speedup} | {row['first_call']:.1f} | {'yes' if row['identical'] else 'NO'} |")
+    return (f"| {row['format']} | {kind} | {cell('eager')} | {cell('auto')} | {cell('compiled')} "
+            f"| {timing['clone'][3] * 1e3:.3f} | {peer_cell} | {'yes' if row['identical'] else 'NO'} |")
 
 
-HEADER = ("| format | kind | eager x clone | compiled x clone | clone ms | fastest peer x clone | compiled vs peer "
-          "| first call s | bit-identical |\n|---|---|---:|---:|---:|---|---:|---:|---|")
+HEADER = ("| format | kind | eager x clone | auto x clone | compiled x clone | clone ms | fastest peer x clone "
+          "| bit-identical |\n|---|---|---:|---:|---:|---:|---|---|")
+
+_FIRST_CALL_CODE = """
+import json, statistics, sys, time, torch
+start = time.perf_counter()
+import lowbit
+imported = time.perf_counter() - start
+name, params, rows, cols = json.loads(sys.argv[1])
+x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0))
+start = time.perf_counter(); lowbit.quantize(x, name, **params); first = time.perf_counter() - start
+steady = []
+for _ in range(5):
+    start = time.perf_counter(); lowbit.quantize(x, name, **params); steady.append(time.perf_counter() - start)
+print(json.dumps([imported, first, statistics.median(steady), max(steady)]))
+"""
+
+
+def first_call_row(name: str, params: dict, shape: tuple[int, int], cache_dir: str) -> list[list[float]]:
+    """Per fresh process (cold cache, then warm): [import s, first call s, median of the next 5 s, their max s]."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir}
+    env.pop("LOWBIT_BACKEND", None)  # the default backend
+    out = []
+    for _ in ("cold", "warm"):
+        result = subprocess.run([sys.executable, "-c", _FIRST_CALL_CODE, json.dumps([name, params, *shape])],
+                                env=env, capture_output=True, text=True, check=True)  # fmt: skip
+        out.append(json.loads(result.stdout.strip().splitlines()[-1]))
+    return out
+
+
+FIRST_HEADER = ("| format | import lowbit s | cold: first call ms | cold: next 5 median / max ms | cold: first - median ms "
+                "| warm: first call ms | warm: next 5 median / max ms | warm: first - median ms |\n"
+                "|---|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def first_call_lines(formats, shape: tuple[int, int]) -> list[str]:
+    lines = ["", f"### First call, fresh process, default backend, {shape[0]}x{shape[1]} float32", "", FIRST_HEADER]
+    for name, params, _ in formats:
+        cache_dir = tempfile.mkdtemp(prefix="lowbit-bench-first-")
+        cold, warm = first_call_row(name, params, shape, cache_dir)
+        cells = [f"{run[1] * 1e3:.1f} | {run[2] * 1e3:.2f} / {run[3] * 1e3:.1f} | {(run[1] - run[2]) * 1e3:.1f}"
+                 for run in (cold, warm)]  # fmt: skip
+        lines.append(f"| {lowbit.get_format(name)(**params).describe()} | {cold[0]:.2f} | {cells[0]} | {cells[1]} |")
+        print(lines[-1], flush=True)
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--shapes", nargs="+", default=SHAPES, help="ROWSxCOLS (default: the real-layer shapes)")
     parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", nargs="*", default=None, help="format names to run (default: all)")
+    parser.add_argument("--first-call", action="store_true", help="also time first calls in fresh processes")
+    parser.add_argument("--no-steady", action="store_true", help="only the first-call table")
     parser.add_argument("--out", default=None, help="also write the markdown report to this file")
     args = parser.parse_args()
-    torch.compile(lambda t: t * 2 + 1)(torch.ones(8))  # the process's first compile, not charged to a format
+    shapes = [tuple(int(v) for v in shape.lower().split("x")) for shape in args.shapes]
+    formats = [f for f in FORMATS if not args.only or f[0] in args.only]
     machine = header_line()
     print(machine, flush=True)
     lines = [f"`python {' '.join(sys.argv)}`", "", machine, "",
              f"{args.rounds} rounds, median ratio (min-max over rounds)"]
-    first: dict[str, float] = {}
-    for dtype_name in args.dtypes:
-        for size in args.sizes:
-            x = torch.randn(size, size, generator=torch.Generator().manual_seed(0)).to(getattr(torch, dtype_name))
-            lines += ["", f"### {size}x{size} {dtype_name}", "", HEADER]
-            for name, params, kind in FORMATS:
-                if args.only and name not in args.only:
-                    continue
-                lines.append(format_row(bench_row(name, params, x, args.rounds, first), kind))
+    if args.first_call:
+        lines += first_call_lines(formats, shapes[min(2, len(shapes) - 1)] if len(shapes) > 2 else shapes[0])
+    if not args.no_steady:
+        torch.compile(lambda t: t * 2 + 1)(torch.ones(8))  # the process's first compile, not charged to a format
+    for dtype_name in [] if args.no_steady else args.dtypes:
+        for rows, cols in shapes:
+            x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)).to(getattr(torch, dtype_name))
+            lines += ["", f"### {rows}x{cols} {dtype_name}", "", HEADER]
+            for name, params, kind in formats:
+                lines.append(format_row(bench_row(name, params, x, args.rounds), kind))
                 print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     print(text)
