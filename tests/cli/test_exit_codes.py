@@ -1,0 +1,144 @@
+"""Exit status 2 for usage / config errors, 1 for runtime failures, always one line on stderr; the
+command-line cases that used to end in a traceback (issue 19); -q / -v; the untrained-weights warning."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from lowbit.cli import EXIT_FAILURE, EXIT_USAGE, main
+
+TOY = 'model = "toy"\ndataset = "toy_tiny"\n'
+QUANTIZE = ('[passes.quantize]\nby = "type"\n[passes.quantize.linear.config]\nname = "integer"\n'
+            'data_in_width = 8\ndata_in_frac_width = 4\nweight_width = 8\nweight_frac_width = 4\n')
+UNTRAINED = "lowbit: warning: no --load checkpoint: toy runs with random, untrained weights"
+
+
+def _one_line(lowbit_cli, status: int, *argv) -> str:
+    got, _, err = lowbit_cli(*argv)
+    lines = err.strip().splitlines()
+    assert got == status, err
+    assert len(lines) == 1 and lines[0].startswith("lowbit: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def _config(tmp_path, text: str) -> str:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["train", "toy", "toy_tiny", "--learning-rate", "nan"], "learning_rate must be a finite number"),
+    (["train", "toy", "toy_tiny", "--learning-rate", "-1"], "learning_rate must be greater than 0"),
+    (["train", "toy", "toy_tiny", "--num-workers", "-1"], "num_workers must be at least 0"),
+    (["train", "toy", "toy_tiny", "--max-steps", "0"], "max_steps must be -1 (no limit) or at least 1"),
+    (["train", "toy", "toy_tiny", "--strategy", "bogus"], "strategy 'bogus'"),
+    (["test", "toy", "toy_tiny", "--task", "embedding", "--load", "x.pt"], "does not fit dataset 'toy_tiny'"),
+    (["report", "toy", "toy_tiny", "--sensitivity", "flase"], "expected true or false, got 'flase'"),
+    (["transform", "--frobnicate"], "unrecognized arguments"),
+])  # fmt: skip
+def test_bad_command_lines_exit_2(lowbit_cli, argv, expected):
+    assert expected in _one_line(lowbit_cli, EXIT_USAGE, *argv)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_gpu_accelerator_without_a_gpu(lowbit_cli):
+    line = _one_line(lowbit_cli, EXIT_USAGE, "train", "toy", "toy_tiny", "--accelerator", "gpu")
+    assert "no CUDA GPU is available" in line
+
+
+@pytest.mark.parametrize("table, expected", [
+    ("[passes.calibrate]\nnum_batches = -1\n", "[passes.calibrate] num_batches must be a positive integer, got -1"),
+    ("[passes.quantization_report]\nnum_batches = 0\n", "num_batches must be a positive integer, got 0"),
+    ('[passes.quantize_weight_only]\nbits = "8"\n', "bits must be a positive integer, got '8'"),
+    ("[passes.calibrate]\nsymmetric = 1\n", "symmetric must be true or false, got 1"),
+    ('[passes.quantize_model]\nrecipe = "int4_weight_only"\nscale_dtype = ["bf16"]\n', "scale_dtype must be a string"),
+])  # fmt: skip
+def test_wrong_typed_pass_values_exit_2(lowbit_cli, tmp_path, table, expected):
+    assert expected in _one_line(lowbit_cli, EXIT_USAGE, "transform", "--config", _config(tmp_path, TOY + table))
+
+
+@pytest.mark.parametrize("suffix", [".ckpt", ".pt"])
+def test_empty_checkpoint_exits_2(lowbit_cli, tmp_path, suffix):
+    path = tmp_path / f"empty{suffix}"
+    path.write_bytes(b"")
+    line = _one_line(lowbit_cli, EXIT_USAGE, "test", "toy", "toy_tiny", "--load", str(path))
+    assert f"checkpoint {path} is empty (0 bytes)" in line
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_fifo_config_is_refused_without_reading_it(lowbit_cli, tmp_path):
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)  # reading it would block forever: nobody writes
+    line = _one_line(lowbit_cli, EXIT_USAGE, "transform", "--config", str(fifo))
+    assert "is not a regular file" in line
+
+
+def test_folder_config_is_refused(lowbit_cli, tmp_path):
+    assert "is a folder" in _one_line(lowbit_cli, EXIT_USAGE, "transform", "--config", str(tmp_path))
+
+
+def test_runtime_failure_exits_1(lowbit_cli, tmp_path, monkeypatch):
+    """A model producing NaN is a runtime failure, not a usage error."""
+    from lowbit.models import ToyNet
+
+    model = ToyNet((1, 2, 2), 2)
+    with torch.no_grad():
+        model.seq_blocks[0].weight.fill_(float("nan"))
+    torch.save(model.state_dict(), tmp_path / "nan.pt")
+    line = _one_line(lowbit_cli, EXIT_FAILURE, "test", "toy", "toy_tiny", "--load", str(tmp_path / "nan.pt"))
+    assert "NaN or Inf" in line
+
+
+def test_unexpected_exception_is_one_line_exit_1(lowbit_cli, monkeypatch):
+    import lowbit.cli.tools as tools
+
+    def broken(args):
+        raise RuntimeError("something inside broke\nsecond line")
+
+    monkeypatch.setattr(tools, "run_formats", broken)
+    line = _one_line(lowbit_cli, EXIT_FAILURE, "formats")
+    assert line == ("lowbit: error: internal error RuntimeError: something inside broke second line "
+                    "(run with --debug for the traceback)")  # fmt: skip
+
+
+def test_keyboard_interrupt_exits_130_without_traceback(lowbit_cli, monkeypatch):
+    import lowbit.cli.tools as tools
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tools, "run_formats", interrupted)
+    status, _, err = lowbit_cli("formats")
+    assert status == 130 and err.strip() == "lowbit: interrupted"
+
+
+def test_untrained_warning_is_one_line_and_quiet_keeps_it(lowbit_cli, tmp_path):
+    config = _config(tmp_path, TOY + QUANTIZE)
+    status, _, err = lowbit_cli("transform", "--config", config)
+    assert status == 0
+    assert [line for line in err.splitlines() if "warning" in line] == [line for line in err.splitlines()
+                                                                        if line.startswith(UNTRAINED)]  # fmt: skip
+    assert sum(line.startswith(UNTRAINED) for line in err.splitlines()) == 1
+    status, out, err = lowbit_cli("transform", "--config", config, "-q")
+    assert status == 0 and err.strip().startswith(UNTRAINED) and len(err.strip().splitlines()) == 1
+
+
+def test_no_untrained_warning_with_a_checkpoint(lowbit_cli, tmp_path):
+    from lowbit.models import ToyNet
+
+    torch.save(ToyNet((1, 2, 2), 2).state_dict(), tmp_path / "toy.pt")
+    status, _, err = lowbit_cli("transform", "--config", _config(tmp_path, TOY + QUANTIZE), "--load", str(tmp_path / "toy.pt"))
+    assert status == 0 and "warning" not in err
+
+
+def test_verbosity_flags_before_and_after_the_command(lowbit_cli, tmp_path):
+    config = _config(tmp_path, TOY + '[passes.quantize_model]\nrecipe = "int8_dynamic"\n')
+    status, _, err = lowbit_cli("-v", "transform", "--config", config)
+    assert status == 0 and "lowbit: debug: saving" in err
+    status, _, err = lowbit_cli("transform", "-q", "--config", config)
+    assert status == 0 and "debug" not in err and "quantize_model" not in err

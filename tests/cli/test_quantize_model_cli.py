@@ -1,0 +1,129 @@
+"""``[passes.quantize_model]`` through the command line: every real recipe (GPTQ and w8a8_static calibrated
+from the run's dataset) and a simulated format, saved by ``lowbit transform``, reloaded by ``--load`` with the
+same modules and bit-identical outputs, and tested against the float model's accuracy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lowbit.cli import main
+from lowbit.models import DigitsMLP
+from lowbit.pipeline.checkpoints import load_lowbit
+
+HEAD = 'model = "digits_mlp"\ndataset = "digits"\nbatch_size = 64\n'
+QUIET = ["--no-progress", "--print-config", "false"]
+CASES = {  # recipe table -> (class of fc1 after the pass, largest accuracy drop vs fp32 in points)
+    'recipe = "int8_dynamic"': ("Int8DynamicLinear", 1.5),
+    'recipe = "int8_weight_only"': ("Int8WeightOnlyLinear", 1.5),
+    'recipe = "int4_weight_only"\ngroup_size = 32': ("Int4WeightOnlyLinear", 6.0),
+    'recipe = "int4_weight_only"\nmethod = "gptq"\nnum_batches = 4\ngroup_size = 32': ("Int4WeightOnlyLinear", 6.0),
+    'recipe = "w8a8_static"\nnum_batches = 4': ("W8A8StaticLinear", 2.0),
+    'recipe = "mxfp4_e2m1"': ("QuantLinear", 10.0),
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A DigitsMLP trained for a few seconds with plain torch, its pt checkpoint and its fp32 test accuracy."""
+    from lowbit.datasets import get_dataset
+
+    torch.manual_seed(0)
+    model = DigitsMLP()
+    x, y = get_dataset("digits", "train").tensors
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    root = tmp_path_factory.mktemp("qm")
+    torch.save(model.state_dict(), root / "digits.pt")
+    tx, ty = get_dataset("digits", "test").tensors
+    with torch.no_grad():
+        accuracy = float((model(tx).argmax(1) == ty).float().mean())
+    assert accuracy > 0.9
+    return root, accuracy
+
+
+def _transform_and_test(root, table: str, project: str) -> tuple[dict, dict]:
+    config = root / f"{project}.toml"
+    config.write_text(HEAD + "[passes.quantize_model]\n" + table + "\n")
+    common = ["--project-dir", str(root), "--project", project, *QUIET]
+    assert main(["transform", "--config", str(config), "--load", str(root / "digits.pt"), *common]) == 0
+    folder = root / project / "software" / "transform" / "transformed_ckpt"
+    assert main(["test", "digits_mlp", "digits", "--load", str(folder), *common]) == 0
+    doc = json.loads((folder / "module.json").read_text())
+    metrics = json.loads((root / project / "software" / "test" / "metrics.json").read_text())
+    return doc, metrics
+
+
+@pytest.mark.parametrize("table", list(CASES))
+def test_recipe_transform_save_reload_test(trained, table):
+    root, fp32 = trained
+    project = "p" + str(list(CASES).index(table))
+    doc, metrics = _transform_and_test(root, table, project)
+    assert doc["version"] == 2 and doc["quantize_model"]["recipe"] in table
+    assert "calibration_data" not in doc["quantize_model"]
+    cls, allowed_drop = CASES[table]
+    reloaded = load_lowbit(root / project / "software" / "transform" / "transformed_ckpt")
+    assert type(reloaded.fc1).__name__ == cls and type(reloaded.fc3).__name__ == cls
+    assert metrics["samples"] == 270
+    assert metrics["accuracy"] >= fp32 - allowed_drop / 100
+
+
+def test_reloaded_model_equals_the_transformed_one(trained, capsys):
+    from lowbit.config import merge_options
+    from lowbit.config.toml_config import parse_run_config
+    from lowbit.pipeline.actions import prepare, transform
+    from lowbit.pipeline.passes import PASSES
+
+    root, _ = trained
+    config = parse_run_config({"model": "digits_mlp", "dataset": "digits", "passes": {"quantize_model": {
+        "recipe": "int4_weight_only", "method": "gptq", "num_batches": 2}}}, PASSES)  # fmt: skip
+    options = merge_options(config.options, {"load": str(root / "digits.pt"), "project_dir": str(root),
+                                              "project": "same", "progress": False})  # fmt: skip
+    prepare(options)
+    result = transform(options, config)
+    reloaded = load_lowbit(root / "same" / "software" / "transform" / "transformed_ckpt")
+    x = torch.randn(16, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(result["model"](x), reloaded(x))
+    for name, value in result["model"].state_dict().items():
+        assert torch.equal(value, reloaded.state_dict()[name]), name
+
+
+def test_gptq_announces_its_wait(trained, capsys):
+    root, _ = trained
+    config = root / "g.toml"
+    config.write_text(HEAD + '[passes.quantize_model]\nrecipe = "int4_weight_only"\nmethod = "gptq"\nnum_batches = 2\n')
+    argv = ["transform", "--config", str(config), "--load", str(root / "digits.pt"), "--project-dir", str(root), *QUIET]
+    capsys.readouterr()
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "lowbit: quantize_model: int4_weight_only (GPTQ) ..." in err
+    assert "int4_weight_only (GPTQ): done in" in err
+    assert main([*argv, "-q"]) == 0
+    assert capsys.readouterr().err == ""  # -q: nothing but warnings and errors
+
+
+@pytest.mark.parametrize("table, expected", [
+    ("", "needs recipe"),
+    ('recipe = "int9"', "unknown recipe 'int9'"),
+    ('recipe = "int4_weight_only"\ngroup_sise = 32', "unknown key 'group_sise' (did you mean 'group_size'?)"),
+    ('recipe = "int4_weight_only"\nscale_dtype = ["bf16"]', "scale_dtype must be a string, got ['bf16']"),
+    ('recipe = "int4_weight_only"\nmethod = "gptx"', "method = 'gptx'"),
+    ('recipe = "w8a8_static"\nnum_batches = -1', "num_batches must be a positive integer, got -1"),
+    ('recipe = "int8_dynamic"\ncalibration_data = 3', "cannot be given in a file"),
+    ('recipe = "mxfp4_e2m1"\nroles = ["weight"]', "roles must include data_in and weight"),
+    ('recipe = "int8_dynamic"\n[passes.profile_statistics]\nby = "type"', "needs a traced graph"),
+])  # fmt: skip
+def test_bad_quantize_model_tables(lowbit_cli, tmp_path, table, expected):
+    config = tmp_path / "bad.toml"
+    config.write_text(HEAD + "[passes.quantize_model]\n" + table + "\n")
+    status, _, err = lowbit_cli("transform", "--config", str(config))
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and lines[0].startswith("lowbit: error: "), err
+    assert expected in lines[0]
+    assert not list(tmp_path.rglob("transformed_ckpt"))
