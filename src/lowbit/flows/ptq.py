@@ -32,6 +32,7 @@ from torch import nn
 from lowbit._io import atomic_write_text
 from lowbit._model import run_batches
 from lowbit.errors import ConfigError, LowbitError, did_you_mean
+from lowbit.flows.recipes import granularity_params
 from lowbit.flows.simulated import swap_formats
 from lowbit.formats import FormatSpec, resolve
 from lowbit.formats.binary import Binary
@@ -155,11 +156,11 @@ def _watch(observer):
     return hook
 
 
-def _weight_spec(bits: int, group_size: int | None) -> FormatSpec:
+def _weight_spec(bits: int, group_size: int | None, granularity: str | None = None) -> FormatSpec:
     """Symmetric affine weights per output channel, or per group of ``group_size`` inputs."""
-    granularity = {"axis": 0} if group_size is None else {"block_size": (1, group_size)}
+    word = granularity or ("channel" if group_size is None else "group")
     try:
-        return resolve("affine", bits=bits, symmetric=True, **granularity)
+        return resolve("affine", bits=bits, symmetric=True, **granularity_params(word, group_size, "weights"))
     except LowbitError as error:
         raise ConfigError(f"weights: {error}") from None
 
@@ -233,20 +234,30 @@ def _check_module(name: str, modules: dict[str, nn.Module]) -> None:
                           f"{did_you_mean(name, [n for n in modules if n])}")  # fmt: skip
 
 
-def quantize_dynamic(model: nn.Module, *, bits: int = 8, per: str = "token", weight_bits: int = 8,
-                     ops: Iterable[str] = ("linear",)) -> tuple[nn.Module, dict[str, Any]]:  # fmt: skip
-    """Activation scale and zero point from each call's data (per tensor, or per token = per last-dim row)."""
-    granularity = {"tensor": {}, "token": {"block_size": (1, -1)}}
-    if per not in granularity:
-        raise ConfigError(f"per={per!r} is not a dynamic granularity; legal: tensor, token")
-    data_in = resolve("affine", bits=bits, **granularity[per])
+def quantize_dynamic(model: nn.Module, *, bits: int = 8, granularity: str | None = None, weight_bits: int = 8,
+                     ops: Iterable[str] = ("linear",), per: str | None = None) -> tuple[nn.Module, dict[str, Any]]:  # fmt: skip
+    """Activation scale and zero point from each call's data: ``granularity`` "token" (default: one per
+    last-dim row) or "tensor" (``per=`` is the older spelling of the same word). Simulated; the real-kernel
+    counterpart is ``lowbit.quantize_(model, "int8_dynamic")``."""
+    if per is not None and granularity is not None and per != granularity:
+        raise ConfigError(f"per={per!r} and granularity={granularity!r} disagree; give granularity only")
+    word = granularity or per or "token"
+    if word not in ("tensor", "token"):
+        raise ConfigError(f"granularity={word!r} is not a dynamic granularity; legal: tensor, token")
+    data_in = resolve("affine", bits=bits, **granularity_params(word, where="quantize_dynamic"))
     return _by_type(model, ops, RoleFormats(data_in=data_in, weight=_weight_spec(weight_bits, None)))
 
 
 def quantize_weight_only(model: nn.Module, *, bits: int = 4, group_size: int | None = None,
-                         ops: Iterable[str] = DEFAULT_OPS) -> tuple[nn.Module, dict[str, Any]]:  # fmt: skip
-    """Weights only (symmetric, per output channel, or per group of ``group_size`` inputs); data stays float."""
-    return _by_type(model, ops, RoleFormats(weight=_weight_spec(bits, group_size)))
+                         ops: Iterable[str] = DEFAULT_OPS, granularity: str | None = None) -> tuple[nn.Module, dict[str, Any]]:  # fmt: skip
+    """Weights only (symmetric, ``granularity`` "channel" or "group" of ``group_size`` inputs; the default
+    follows ``group_size``); data stays float. Simulated; real kernels: ``lowbit.quantize_(model,
+    "int8_weight_only" | "int4_weight_only")``."""
+    word = granularity or ("group" if group_size is not None else "channel")
+    if word not in ("channel", "group"):
+        raise ConfigError(f"granularity={word!r} is not a weight granularity here; legal: channel, group")
+    weight = _weight_spec(bits, group_size if word == "group" else None, word)
+    return _by_type(model, ops, RoleFormats(weight=weight))
 
 
 def _by_type(model: nn.Module, ops: Iterable[str], formats: RoleFormats) -> tuple[nn.Module, dict[str, Any]]:

@@ -22,6 +22,18 @@ GRANULARITIES = ("tensor", "channel", "token", "group")
 RUN_TIME_FIELDS = ("calibration_data", "calibration")  # batches / states: given at run time, never saved
 
 
+def granularity_params(granularity: str, group_size: int | None = None, where: str = "granularity") -> dict[str, Any]:
+    """The format parameters (``axis`` / ``block_size``, the formats' and observers' own spelling) of a
+    granularity word for a 2-D [rows, last dimension] tensor."""
+    _choice(where, "granularity", granularity, GRANULARITIES)
+    if granularity == "group":
+        _positive_int(where, "group_size", group_size)
+        return {"block_size": (1, group_size)}
+    if group_size is not None:
+        raise ConfigError(f"{where}: group_size={group_size!r} needs granularity='group'")
+    return {"tensor": {}, "channel": {"axis": 0}, "token": {"block_size": (1, -1)}}[granularity]
+
+
 @dataclasses.dataclass
 class Recipe:
     """Options every recipe has: ``skip`` (regexes fully matched against qualified module names)."""
