@@ -105,3 +105,16 @@ def test_token_codes_symmetric_and_centred():
 def test_bad_input_raises_format_error(call, message):
     with pytest.raises(FormatError, match=message):
         call()
+
+
+def test_fake_quantize_equals_the_affine_format_with_the_same_scale_nan_included():
+    """One rounding rule: ops.fake_quantize and lowbit.quantize(x, "affine", scale=...) agree bit for bit."""
+    import lowbit
+
+    x = torch.randn(6, 40, generator=torch.Generator().manual_seed(3)) * 3
+    x[1, 3], x[2, 5], x[4, 7] = float("nan"), float("inf"), float("-inf")
+    for scale, zero_point in ((0.05, 0), (0.0123, 7), (0.2, -20)):
+        ours = fake_quantize(x, scale, zero_point, qmin=-128, qmax=127)
+        spec = lowbit.quantize(x, "affine", bits=8, scale=scale, zero_point=zero_point)
+        assert torch.equal(ours.isnan(), spec.isnan())
+        assert torch.equal(torch.nan_to_num(ours), torch.nan_to_num(spec))

@@ -148,14 +148,16 @@ def dequantize(codes: torch.Tensor, scale, zero_point=0, *, axis: int | None = N
 def fake_quantize(x: torch.Tensor, scale, zero_point=0, *, axis: int | None = None, group_size: int | None = None,
                   qmin: int = -128, qmax: int = 127, rounding: str = "nearest_even",
                   generator: torch.Generator | None = None) -> torch.Tensor:  # fmt: skip
-    """dequantize(quantize(x)) without the integer round trip, in x's dtype."""
+    """dequantize(quantize(x)) without the integer round trip, in x's dtype; NaN stays NaN, as in every
+    lowbit format (integer codes cannot hold NaN, so :func:`quantize` gives it the zero point's code)."""
     _check_float_input(x)
     qmin, qmax = int(qmin), int(qmax)
     if qmin > qmax:
         raise FormatError(f"qmin={qmin} is above qmax={qmax}")
     params = broadcast_qparams(x, scale, zero_point, axis=axis, group_size=group_size, qrange=(qmin, qmax))
     codes = _round_codes(x, params, qmin, qmax, rounding, generator)
-    return ((codes - params.zero_point) * params.scale).to(x.dtype)
+    values = (codes - params.zero_point) * params.scale
+    return torch.where(torch.isnan(x), x, values.to(x.dtype))
 
 
 def _check_float_input(x) -> None:
