@@ -1,12 +1,36 @@
-"""Atomic file output: a crash never leaves a half-written file behind."""
+"""Crash-safe output: a reader sees the old version of a file or folder or the new one, never a mixture.
+
+- :func:`atomic_write_bytes` / :func:`atomic_write_text`: one file, written to a temporary sibling, fsynced,
+  renamed over the target.
+- :func:`atomic_directory`: a folder of several files, built in a temporary sibling folder and swapped in
+  with one rename (Linux ``renameat2(RENAME_EXCHANGE)``; elsewhere two renames, see below).
+
+Temporary names are ``.<target name>.lowbit-<pid>-<token>.tmp`` (a new file or folder being built) and
+``...old`` (a replaced folder waiting to be removed). A writer killed mid-way leaves them behind; the next
+write of the same target removes those whose process is gone (a live writer's are left alone), and, where a
+fallback swap was cut between its two renames, puts the previous folder back first.
+
+File modes: temporaries are created with ``os.open(..., 0o666)`` / ``os.mkdir(..., 0o777)``, so the kernel
+applies the process umask itself at creation. The umask is never read or changed (reading it with
+``os.umask`` means setting it, which races with other threads creating files).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import os
-import tempfile
+import secrets
+import shutil
+import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+_MARK = ".lowbit-"
 
+
+# ---- one file ----------------------------------------------------------------------------------------------
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, fsync it, then rename it over ``path``."""
     atomic_write_bytes(path, text.encode())
@@ -16,20 +40,197 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over ``path``."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    remove_stale(target)
+    temporary = _temporary_name(target, "tmp")
     try:
-        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes 0600 files; outputs get the usual mode
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, target)
+        write_file(temporary, data)
+        _replace(temporary, target)
     except BaseException:
-        os.unlink(temporary)
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    _fsync_directory(target.parent)
+
+
+def write_file(path: str | os.PathLike, data: bytes) -> None:
+    """Create ``path`` (it must not exist; mode 0o666 less the umask), write ``data``, fsync. Not atomic by
+    itself: for files inside a folder that :func:`atomic_directory` publishes, or a temporary file."""
+    handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    with os.fdopen(handle, "wb") as stream:
+        _write(stream, data)
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+# ---- a folder ----------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike, *, owned: Iterable[str] | None = None) -> Iterator[Path]:
+    """Build a new version of the folder ``path`` and publish it whole.
+
+    Yields an empty temporary folder beside ``path``; write the new files there (:func:`write_file`). When
+    the ``with`` block ends without an exception, the folder is fsynced and swapped in with one rename, and
+    the previous version removed; on an exception it is removed and ``path`` is left as it was.
+
+    ``owned``: the names this writer manages. Entries of the previous folder not in ``owned`` and not
+    written anew (another tool's files in the same folder) are carried into the new version as hard links
+    (copies where links are impossible), so they are not lost. ``owned=None``: the writer owns the whole
+    folder; nothing is carried over.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target)
+    if target.exists() and not target.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(target))
+    building = _temporary_name(target, "tmp")
+    os.mkdir(building, 0o777)
+    try:
+        yield building
+        if owned is not None and target.is_dir():
+            _carry_over(target, building, set(owned))
+        _fsync_directory(building)
+        _publish(building, target)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
         raise
 
 
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
+def _carry_over(old: Path, new: Path, owned: set[str]) -> None:
+    for entry in os.scandir(old):
+        if entry.name in owned or (new / entry.name).exists():
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.copytree(entry.path, new / entry.name, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(entry.path, new / entry.name)
+
+
+def _link_or_copy(source: str, destination: str | os.PathLike) -> None:
+    try:
+        os.link(source, destination, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(source, destination, follow_symlinks=False)
+
+
+def _publish(building: Path, target: Path) -> None:
+    """Put ``building`` at ``target``: one atomic exchange where the system has it, else two renames."""
+    if not target.exists():
+        _rename(building, target)
+    elif _exchange(building, target):
+        shutil.rmtree(building, ignore_errors=True)  # it now holds the previous version
+    else:  # a reader may find ``target`` missing between the two renames; remove_stale repairs a crash there
+        old = _temporary_name(target, "old")
+        _rename(target, old)
+        try:
+            _rename(building, target)
+        except BaseException:
+            os.rename(old, target)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    _fsync_directory(target.parent)
+
+
+# ---- stale temporaries -------------------------------------------------------------------------------------
+def remove_stale(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries that dead writers of ``path`` left beside it; returns what was removed. If a
+    fallback swap was interrupted between its renames (``path`` missing, a previous version waiting), that
+    version is put back first."""
+    target = Path(path)
+    prefix = f".{target.name}{_MARK}"
+    try:
+        names = sorted(os.listdir(target.parent))
+    except FileNotFoundError:
+        return []
+    removed = []
+    for name in names:
+        if not name.startswith(prefix) or not _dead_writer(name[len(prefix) :]):
+            continue
+        stale = target.parent / name
+        if name.endswith(".old") and not os.path.lexists(target):
+            _rename(stale, target)
+            continue
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
+        removed.append(stale)
+    return removed
+
+
+def _dead_writer(rest: str) -> bool:
+    """``rest`` is ``<pid>-<token>.<tmp|old>``: true when that process no longer runs."""
+    pid_text, _, tail = rest.partition("-")
+    if not pid_text.isdigit() or not (tail.endswith(".tmp") or tail.endswith(".old")):
+        return False  # not one of ours
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False  # another thread of this process may be writing it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OSError):
+        return False  # alive, someone else's
+    return False
+
+
+def _temporary_name(target: Path, kind: str) -> Path:
+    return target.parent / f".{target.name}{_MARK}{os.getpid()}-{secrets.token_hex(6)}.{kind}"
+
+
+# ---- the primitive steps (one function each, so tests can interrupt any of them) --------------------------
+def _write(stream, data: bytes) -> None:
+    stream.write(data)
+
+
+def _replace(source: Path, destination: Path) -> None:
+    os.replace(source, destination)
+
+
+def _rename(source: Path, destination: Path) -> None:
+    os.rename(source, destination)
+
+
+def _fsync_directory(directory: Path) -> None:
+    if os.name != "posix":
+        return
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    except OSError:  # some file systems cannot fsync a directory
+        pass
+    finally:
+        os.close(handle)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two existing paths atomically (Linux renameat2); False where the system or file system cannot."""
+    renameat2 = _renameat2()
+    if renameat2 is None:
+        return False
+    result = renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE)
+    if result == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise OSError(code, os.strerror(code), str(second))
+
+
+_LIBC: list = []
+
+
+def _renameat2():
+    if not _LIBC:
+        function = None
+        if sys.platform.startswith("linux"):
+            with contextlib.suppress(OSError, AttributeError):  # CDLL(None): the C library already loaded
+                function = ctypes.CDLL(None, use_errno=True).renameat2
+                function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+                function.restype = ctypes.c_int
+        _LIBC.append(function)
+    return _LIBC[0]

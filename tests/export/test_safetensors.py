@@ -14,7 +14,7 @@ import lowbit
 from lowbit.export import SerializationError
 
 pytest.importorskip("safetensors")
-from lowbit.export.safetensors_io import SCHEMA_VERSION, read_file
+from lowbit.export.safetensors_io import SCHEMA_VERSION, read_file, seal
 from lowbit.qtensor import QTensor
 
 
@@ -34,8 +34,9 @@ def raw_header(path) -> dict:
     return json.loads(path.read_bytes()[8 : 8 + size])
 
 
-def rewrite_header(path, change) -> None:
-    """Apply ``change`` to the lowbit header and rewrite the file around the same tensor data."""
+def rewrite_header(path, change, reseal=True) -> None:
+    """Apply ``change`` to the lowbit header and rewrite the file around the same tensor data; ``reseal``:
+    seal it again (as a deliberate forger could), so the checks behind the seal are reached."""
     blob = path.read_bytes()
     size = int.from_bytes(blob[:8], "little")
     raw = json.loads(blob[8 : 8 + size])
@@ -44,7 +45,16 @@ def rewrite_header(path, change) -> None:
     raw["__metadata__"]["lowbit"] = json.dumps(header)
     encoded = json.dumps(raw).encode()
     encoded += b" " * (-len(encoded) % 8)
-    path.write_bytes(len(encoded).to_bytes(8, "little") + encoded + blob[8 + size :])
+    blob = len(encoded).to_bytes(8, "little") + encoded + blob[8 + size :]
+    if reseal:
+        blob = resealed(blob, header["seal_sha256"])
+    path.write_bytes(blob)
+
+
+def resealed(blob: bytes, old_seal: str) -> bytes:
+    start = blob.index(old_seal.encode())
+    placeholder = blob[:start] + b"?" * 64 + blob[start + 64 :]
+    return placeholder[:start] + seal(placeholder, start).encode() + placeholder[start + 64 :]
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -88,7 +98,7 @@ def test_header_schema_fields(tmp_path):
     raw = raw_header(tmp_path / "h.safetensors")
     header = json.loads(raw["__metadata__"]["lowbit"])
     assert header["schema"] == "lowbit.safetensors" and header["schema_version"] == SCHEMA_VERSION
-    assert header["kind"] == "tensors" and len(header["data_sha256"]) == 64 and header["modules"] == {}
+    assert header["kind"] == "tensors" and len(header["seal_sha256"]) == 64 and header["modules"] == {}
     entry = header["entries"]["layer.weight"]
     assert entry["type"] == "qtensor" and entry["prefix"] == "layer.weight#"
     assert entry["format"] == {"name": "q4f", "params": q.spec.params() | {"block_size": [2, 8]}}
@@ -154,7 +164,8 @@ def test_trailing_bytes_are_rejected(saved):
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    (lambda h: h.update(schema_version=2), "schema version 2; this lowbit .* reads version 1"),
+    (lambda h: h.update(schema_version=3), "schema version 3; this lowbit .* reads version 2"),
+    (lambda h: h.update(schema_version=1), "earlier lowbit .*schema 1.* Save the model again"),
     (lambda h: h.update(schema="other"), "does not declare schema"),
     (lambda h: h.pop("entries"), "incomplete"),
     (lambda h: h["entries"]["w"].update(prefix="v#"), "tensor 'v#codes' is missing"),
@@ -164,11 +175,24 @@ def test_trailing_bytes_are_rejected(saved):
     (lambda h: h["entries"]["w"]["codes"].update(bits=8), "malformed"),
     (lambda h: h["entries"]["w"]["format"].update(name="q4z"), "unknown format 'q4z'"),
     (lambda h: h["entries"]["w"].update(type="pickle"), "unknown type"),
-    (lambda h: h.update(data_sha256="0" * 64), "checksum"),
 ])  # fmt: skip
 def test_tampered_header(saved, change, message):
     rewrite_header(saved, change)
     with pytest.raises(SerializationError, match=message):
+        lowbit.load(saved)
+
+
+@pytest.mark.parametrize("change", [
+    lambda h: h.update(seal_sha256="0" * 64),
+    lambda h: h.update(seal_sha256="?" * 64),
+    lambda h: h["entries"]["w"]["format"]["params"].update(bits=3),
+    lambda h: h.update(kind="module"),
+    lambda h: h.update(lowbit_version="0.0.0"),
+    lambda h: None,  # same header, only its JSON spacing changed
+])  # fmt: skip
+def test_header_edits_break_the_seal(saved, change):
+    rewrite_header(saved, change, reseal=False)
+    with pytest.raises(SerializationError, match="checksum"):
         lowbit.load(saved)
 
 

@@ -3,8 +3,9 @@
 The file is a plain safetensors file. Its metadata holds one key, ``lowbit``, whose value is the JSON header
 (schema documented field by field in docs/storage.md): what each entry is (a plain tensor, or a QTensor
 with its format, parameters, packing, block shape and scale dtypes), the real-quantized modules of a saved
-model (class name + ``config()``), and a SHA-256 of the tensor data. Reading checks the framing, the schema
-and version, the checksum and every tensor the header names, and reports any problem as a
+model (class name + ``config()``), and a seal: the SHA-256 of the whole file (header and data). Reading
+checks the framing and every tensor's size against the bytes present, the schema and version, the seal, and
+every tensor the header names, and reports any problem as a
 :class:`SerializationError` (never a raw safetensors exception).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,11 +29,11 @@ from lowbit.export.records import ModuleClasses, module_records, real_module_cla
 from lowbit.qtensor.tensor import QTensor
 
 SCHEMA = "lowbit.safetensors"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 1: the checksum covered only the tensor data; such files are refused (docs/storage.md)
 METADATA_KEY = "lowbit"
 SEPARATOR = "#"  # QTensor parts are stored as "<name>#codes", "<name>#params.scale", ...
-_PLACEHOLDER = "?" * 64  # same length as a SHA-256 hex digest, patched in after hashing the data section
-_HEADER_KEYS = ("schema", "schema_version", "kind", "data_sha256", "entries", "modules")
+_PLACEHOLDER = "?" * 64  # same length as a SHA-256 hex digest, patched in after sealing the file
+_HEADER_KEYS = ("schema", "schema_version", "kind", "seal_sha256", "entries", "modules")
 
 
 # ---- save -------------------------------------------------------------------------------------------------
@@ -55,7 +57,7 @@ def save(obj: nn.Module | Mapping[str, torch.Tensor | QTensor], path: str | os.P
     for name, value in state.items():
         entries[name] = _store_entry(str(name), value, tensors)
     header = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "lowbit_version": _version(), "kind": kind,
-              "data_sha256": _PLACEHOLDER, "entries": entries, "modules": records}  # fmt: skip
+              "seal_sha256": _PLACEHOLDER, "entries": entries, "modules": records}  # fmt: skip
     atomic_write_bytes(path, _serialize(_unshared(tensors), header))
 
 
@@ -99,10 +101,20 @@ def _serialize(tensors: dict[str, torch.Tensor], header: dict[str, Any]) -> byte
 
     blob = bytearray(safetensors_save(tensors, metadata={METADATA_KEY: json.dumps(header, allow_nan=False)}))
     size = int.from_bytes(blob[:8], "little")
-    digest = hashlib.sha256(memoryview(blob)[8 + size :]).hexdigest()
     start = blob.find(_PLACEHOLDER.encode(), 8, 8 + size)
-    blob[start : start + len(digest)] = digest.encode()  # same length: offsets stay valid
+    if blob.count(_PLACEHOLDER.encode(), 8, 8 + size) != 1:
+        raise SerializationError(f"a tensor name contains {_PLACEHOLDER[:8]}..., which lowbit files reserve")
+    blob[start : start + len(_PLACEHOLDER)] = seal(bytes(blob), start).encode()  # same length: offsets stay valid
     return bytes(blob)
+
+
+def seal(blob: bytes, start: int) -> str:
+    """The seal of a lowbit file: SHA-256 (hex) of all its bytes, with the 64 characters of the seal itself
+    (at ``start``) counted as 64 ``?``. It covers the length prefix, every header byte and the data."""
+    digest = hashlib.sha256(memoryview(blob)[:start])
+    digest.update(_PLACEHOLDER.encode())
+    digest.update(memoryview(blob)[start + len(_PLACEHOLDER) :])
+    return digest.hexdigest()
 
 
 # ---- load -------------------------------------------------------------------------------------------------
@@ -136,10 +148,15 @@ def read_file(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.
         data = Path(path).read_bytes()
     except OSError as error:
         raise SerializationError(f"cannot read {where!r}: {error.strerror or error}") from None
+    return parse(data, where)
+
+
+def parse(data: bytes, where: str = "<bytes>") -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(validated lowbit header, tensors by key) of the bytes of a lowbit file. Every size is checked against
+    the bytes present and the seal verified before any tensor is made."""
     raw, size = _safetensors_header(data, where)
     header = _lowbit_header(raw, where)
-    if hashlib.sha256(memoryview(data)[8 + size :]).hexdigest() != header["data_sha256"]:
-        raise SerializationError(f"{where!r} is corrupt: the tensor data does not match its SHA-256 checksum")
+    _check_seal(data, size, header["seal_sha256"], where)
     safetensors_load = _safetensors().load
     try:
         tensors = safetensors_load(data)
@@ -154,20 +171,76 @@ def _safetensors_header(data: bytes, where: str) -> tuple[dict[str, Any], int]:
     size = int.from_bytes(data[:8], "little")
     if 8 + size > len(data):
         raise SerializationError(f"{where!r} is truncated: its header needs {size} bytes, {len(data) - 8} remain")
-    try:
-        raw = json.loads(data[8 : 8 + size])
-    except (UnicodeDecodeError, ValueError):
-        raise SerializationError(f"{where!r} is corrupt or not a safetensors file: its header is not JSON") from None
+    raw = _strict_json(data[8 : 8 + size], where, "its header")
     if not isinstance(raw, dict):
         raise SerializationError(f"{where!r} is corrupt: its safetensors header is not a JSON object")
-    ends = [info.get("data_offsets", [0, 0])[1] for key, info in raw.items() if key != "__metadata__"
-            and isinstance(info, dict) and isinstance(info.get("data_offsets"), list)]  # fmt: skip
-    expected, actual = max(ends, default=0), len(data) - 8 - size
-    if not isinstance(expected, int) or expected > actual:
-        raise SerializationError(f"{where!r} is truncated: the tensors need {expected} bytes of data, {actual} remain")
-    if expected < actual:
-        raise SerializationError(f"{where!r} is corrupt: {actual - expected} unexpected bytes after the tensor data")
+    _check_layout(raw, len(data) - 8 - size, where)
     return raw, size
+
+
+def _strict_json(text: bytes | str, where: str, what: str) -> Any:
+    """JSON without duplicate keys or NaN / Infinity (neither is ever written)."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        result = dict(pairs)
+        if len(result) != len(pairs):
+            raise ValueError("duplicate key")
+        return result
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"non-standard constant {name}")
+
+    try:
+        return json.loads(text, object_pairs_hook=unique, parse_constant=no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise SerializationError(f"{where!r} is corrupt or not a lowbit file: {what} is not JSON") from None
+
+
+def _check_layout(raw: dict[str, Any], available: int, where: str) -> None:
+    """Every tensor's dtype, shape and byte range valid, its size = itemsize x elements, the ranges in order
+    without gaps or overlaps, covering the data section exactly: checked before anything is allocated."""
+    spans = []
+    for key, info in raw.items():
+        if key == "__metadata__":
+            continue
+        spans.append((*_span(key, info, where), key))
+    position = 0
+    for begin, end, key in sorted(spans):
+        if begin != position:
+            problem = "overlaps another" if begin < position else "leaves a gap before it"
+            raise SerializationError(f"{where!r} is corrupt: tensor {key!r}'s data {problem}")
+        position = end
+    if position > available:
+        raise SerializationError(f"{where!r} is truncated: the tensors need {position} bytes of data, "
+                                 f"{available} remain")  # fmt: skip
+    if position < available:
+        raise SerializationError(f"{where!r} is corrupt: {available - position} unexpected bytes after the tensor data")
+
+
+def _span(key: str, info: Any, where: str) -> tuple[int, int]:
+    bad = f"{where!r} is corrupt: tensor {key!r} has"
+    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        raise SerializationError(f"{bad} a malformed entry (needs dtype, shape and data_offsets)")
+    itemsize, shape, offsets = _ITEMSIZE.get(info["dtype"]), info["shape"], info["data_offsets"]
+    if itemsize is None:
+        raise SerializationError(f"{bad} an unknown dtype {info['dtype']!r}")
+    if not isinstance(shape, list) or not all(_natural(n) for n in shape):
+        raise SerializationError(f"{bad} a malformed shape {shape!r}")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_natural(n) for n in offsets):
+        raise SerializationError(f"{bad} malformed data_offsets {offsets!r} (needs [begin, end])")
+    elements = math.prod(shape)
+    if offsets[1] - offsets[0] != itemsize * elements:
+        raise SerializationError(f"{bad} {offsets[1] - offsets[0]} bytes of data for {elements} elements of "
+                                 f"{info['dtype']} ({itemsize * elements} bytes)")  # fmt: skip
+    return offsets[0], offsets[1]
+
+
+def _natural(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+             "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}  # fmt: skip
 
 
 def _lowbit_header(raw: dict[str, Any], where: str) -> dict[str, Any]:
@@ -175,13 +248,15 @@ def _lowbit_header(raw: dict[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(metadata, dict) or METADATA_KEY not in metadata:
         raise SerializationError(f"{where!r} is a safetensors file without a lowbit header "
                                  "(not written by lowbit.save)")
-    try:
-        header = json.loads(metadata[METADATA_KEY])
-    except (TypeError, ValueError):
-        raise SerializationError(f"{where!r}: the lowbit header is not valid JSON (the file was altered)") from None
+    header = _strict_json(metadata[METADATA_KEY], where, "the lowbit header") if isinstance(
+        metadata[METADATA_KEY], str) else None  # fmt: skip
     if not isinstance(header, dict) or header.get("schema") != SCHEMA:
         raise SerializationError(f"{where!r}: the lowbit header does not declare schema {SCHEMA!r}")
     version = header.get("schema_version")
+    if version == 1:
+        raise SerializationError(
+            f"{where!r} was written by an earlier lowbit (header schema 1, whose checksum covers only the tensor "
+            "data): its header cannot be verified, so this lowbit does not read it. Save the model again.")
     if version != SCHEMA_VERSION:
         raise SerializationError(
             f"{where!r} uses lowbit header schema version {version!r}; this lowbit ({_version()}) reads version "
@@ -192,6 +267,18 @@ def _lowbit_header(raw: dict[str, Any], where: str) -> dict[str, Any]:
         problem = missing or ["entries / modules"]
         raise SerializationError(f"{where!r}: the lowbit header is incomplete (missing or malformed: {problem})")
     return header
+
+
+def _check_seal(data: bytes, size: int, recorded: Any, where: str) -> None:
+    corrupt = f"{where!r} is corrupt: its bytes do not match the SHA-256 checksum it was sealed with"
+    if not isinstance(recorded, str) or len(recorded) != 64 or set(recorded) - set("0123456789abcdef"):
+        raise SerializationError(f"{corrupt} (the seal itself is damaged)")
+    token = recorded.encode()
+    start = data.find(token, 8, 8 + size)
+    if start < 0 or data.find(token, start + 1, 8 + size) >= 0:
+        raise SerializationError(corrupt)
+    if seal(data, start) != recorded:
+        raise SerializationError(corrupt)
 
 
 def _load_entry(name: str, entry: Any, tensors: dict[str, torch.Tensor]) -> torch.Tensor | QTensor:
