@@ -17,7 +17,7 @@ import torch
 import lowbit
 from format_cases import CASES
 from helpers import assert_same
-from lowbit.formats import _float_grid
+from lowbit.formats import _float_grid, log
 from lowbit.formats.rounding import ROUNDING_MODES
 
 DETERMINISTIC = [mode for mode in ROUNDING_MODES if mode != "stochastic"]
@@ -75,3 +75,18 @@ def test_every_float_grid_format_is_unchanged_by_the_fast_step(monkeypatch, name
     general = spec(x)
     assert_same(fast, general)
     assert torch.equal(torch.signbit(fast), torch.signbit(general))  # -0.0 stays -0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("min_exponent,max_exponent", [(-62, 64), (-63, 64), (-6, 8), (-125, 127), (-1, 200), (0, 0)])
+def test_nearest_power_of_two_equals_the_general_routine_everywhere(dtype, min_exponent, max_exponent):
+    x = every_pattern_class(dtype)
+    fast = log.nearest_power_of_two(x, min_exponent, max_exponent)
+    general = log.round_to_power_of_two(x, min_exponent, max_exponent, "nearest_even")
+    assert_same(fast, general)
+    assert torch.equal(torch.signbit(fast), torch.signbit(general))
+
+
+def test_log_takes_the_fast_path_only_where_it_applies():
+    assert log.fast_nearest_applies(torch.float32, -62) and not log.fast_nearest_applies(torch.float32, -126)
+    assert log.fast_nearest_applies(torch.float64, -1000) and not log.fast_nearest_applies(torch.bfloat16, 0)

@@ -125,6 +125,35 @@ def round_to_power_of_two(
     return torch.where(torch.isnan(x), x, value)
 
 
+_BIT_LAYOUT = {torch.float32: (torch.int32, 23, 127), torch.float64: (torch.int64, 52, 1023)}
+
+
+def fast_nearest_applies(dtype: torch.dtype, min_exponent: int) -> bool:
+    """``nearest_power_of_two`` needs a float32 / float64 input whose dtype holds 2^(e_min - 1) as a normal."""
+    return dtype in _BIT_LAYOUT and min_exponent - 1 >= 1 - _BIT_LAYOUT[dtype][2]
+
+
+def nearest_power_of_two(x: torch.Tensor, min_exponent: int, max_exponent: int) -> torch.Tensor:
+    """``round_to_power_of_two(x, e_min, e_max, "nearest_even")`` in a few in-place passes over the bits.
+
+    Rounding the float's significand to zero fraction bits, half to the even exponent field, is rounding to
+    the nearest power of two (1.5 * 2^k is the midpoint, exactly); adding a constant to the parity picks
+    the even exponent *code* instead. Below 2^e_min the neighbours are 0 and 2^e_min (midpoint 2^(e_min-1),
+    whose tie goes to the even code 0), above 2^e_max everything saturates; the sign is copied back (-0 for
+    small negatives) and NaN, whose bits the addition may carry out of, is restored last. Tested bit for
+    bit against the general routine on every float32 bit-pattern class (tests/formats/test_fast_paths.py).
+    """
+    int_dtype, mantissa_bits, bias = _BIT_LAYOUT[x.dtype]
+    dtype_max_exponent = math.frexp(torch.finfo(x.dtype).max)[1] - 1
+    magnitude = x.abs()
+    bits = magnitude.view(int_dtype)
+    parity = (bits >> mantissa_bits).add_(min_exponent & 1).bitwise_and_(1)  # 1: a tie rounds up
+    power = parity.add_(bits).add_((1 << (mantissa_bits - 1)) - 1).bitwise_and_(((2 * bias + 1) << mantissa_bits))
+    power = power.view(x.dtype).clamp_(math.ldexp(1.0, min_exponent), math.ldexp(1.0, min(max_exponent, dtype_max_exponent)))
+    power.masked_fill_(magnitude <= math.ldexp(1.0, min_exponent - 1), 0.0).copysign_(x)
+    return torch.where(torch.isnan(x), x, power)
+
+
 def power_of_two_values(min_exponent: int, max_exponent: int) -> torch.Tensor:
     """{0} U {+-2^e : min_exponent <= e <= max_exponent}, sorted ascending (float64)."""
     powers = [math.ldexp(1.0, e) for e in range(min_exponent, max_exponent + 1)]
@@ -188,6 +217,8 @@ class Log(FormatSpec):
         return power_of_two_values(self.min_exponent, self.max_exponent)
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        if self.rounding == "nearest_even" and not self.log_domain and fast_nearest_applies(x.dtype, self.min_exponent):
+            return nearest_power_of_two(x, self.min_exponent, self.max_exponent)
         return round_to_power_of_two(
             x, self.min_exponent, self.max_exponent, self.rounding, generator, self.log_domain
         )
