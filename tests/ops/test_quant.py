@@ -118,3 +118,19 @@ def test_fake_quantize_equals_the_affine_format_with_the_same_scale_nan_included
         spec = lowbit.quantize(x, "affine", bits=8, scale=scale, zero_point=zero_point)
         assert torch.equal(ours.isnan(), spec.isnan())
         assert torch.equal(torch.nan_to_num(ours), torch.nan_to_num(spec))
+
+
+def test_one_scale_zero_point_type_and_one_int4_packing():
+    from lowbit.calibrate.builders import ScaleZeroPoint
+    from lowbit.formats.integer import AffineParameters
+    from lowbit.ops import kernels
+    from lowbit.ops.quant import QParams
+    from lowbit.qtensor.packing import pack_codes, unpack_codes
+
+    assert ScaleZeroPoint is AffineParameters and QParams is AffineParameters
+    codes = torch.randint(0, 16, (6, 64), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    packed = kernels.pack_nibbles(codes)
+    stream = pack_codes(codes, 4, signed=False, layout="uint8")
+    assert torch.equal(packed.reshape(-1), stream.words)
+    assert torch.equal(kernels.unpack_nibbles(packed), codes)
+    assert torch.equal(unpack_codes(stream).to(torch.uint8), codes)

@@ -26,22 +26,16 @@ or tensors of any broadcastable shapes (one per channel or block); the results h
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from lowbit.errors import ConfigError
-from lowbit.formats.integer import Affine, code_range
+from lowbit.formats.integer import Affine, AffineParameters, code_range
 from lowbit.formats.scaling import ceil_power_of_two
 
 FLOAT32_EPS = float(torch.finfo(torch.float32).eps)  # 2^-23, torch.ao's smallest scale
 
 
-class ScaleZeroPoint(NamedTuple):
-    """Scale (float32) and zero point (int64 codes), one of each per range."""
-
-    scale: torch.Tensor
-    zero_point: torch.Tensor
+ScaleZeroPoint = AffineParameters  # one (scale, zero point) type for formats, builders and kernels
 
 
 def scale_zero_point(

@@ -27,6 +27,7 @@ import torch
 from lowbit.ops import capabilities
 from lowbit.ops.integer import dense
 from lowbit.ops.quant import token_codes
+from lowbit.qtensor.packing import pack_codes
 
 FBGEMM_LINEAR = "linear_with_input_q_dq_qweight_dq_output_fp32"
 
@@ -215,12 +216,15 @@ def _onednn_linear_exact(device: torch.device) -> bool:
 
 # ---- int4 ------------------------------------------------------------------------------------------------------
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 codes 0..15 [N, K] (K even) -> [N, K / 2] bytes: element 2j in the low nibble, 2j + 1 high."""
-    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+    """uint8 codes 0..15 [N, K] (K even) -> [N, K / 2] bytes: lowbit's one packed layout (``qtensor.packing``,
+    "uint8": a little-endian bit stream, element 2j in the low nibble, 2j + 1 in the high one)."""
+    n, k = codes.shape
+    return pack_codes(codes, 4, signed=False, layout="uint8").words.reshape(n, k // 2)
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`pack_nibbles`: [N, K / 2] bytes -> uint8 codes [N, K]."""
+    """The inverse of :func:`pack_nibbles`: [N, K / 2] bytes -> uint8 codes [N, K] (the same layout read back
+    with two shifts, fast enough for every forward of the reference path)."""
     return torch.stack((packed & 15, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
 
 

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from lowbit.errors import FormatError
+from lowbit.formats.integer import AffineParameters
 from lowbit.formats.rounding import canonical_rounding, round_to_integer
 
 # Integer code dtypes and their full ranges.
@@ -30,11 +31,7 @@ CODE_RANGES: dict[torch.dtype, tuple[int, int]] = {
 TINY = float(torch.finfo(torch.float32).tiny)  # the smallest scale a dynamic builder returns
 
 
-class QParams(NamedTuple):
-    """Scale (float32) and zero point (int32), broadcastable against the tensor they quantize."""
-
-    scale: torch.Tensor
-    zero_point: torch.Tensor
+QParams = AffineParameters  # lowbit's one (scale, zero point) type (lowbit.formats.integer)
 
 
 def code_limits(dtype: torch.dtype, qmin: int | None = None, qmax: int | None = None) -> tuple[int, int]:
