@@ -17,7 +17,7 @@ FLOORS = {
     "api": 4, "calibrate": 4, "qtensor": 4, "nn": 4,
     "optim": 5, "config": 5, "ops": 5,
     "graph": 6, "flows": 7, "export": 8, "report": 8,
-    "ptq": 9, "convert": 9, "train": 9,
+    "ptq": 9, "convert": 9, "train": 9, "search": 9,
     "pipeline": 10, "cli": 11, "__main__": 12, "__init__": 12,
 }  # fmt: skip
 
