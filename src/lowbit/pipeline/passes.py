@@ -157,7 +157,8 @@ def _quantize_model(run: TransformRun, args: dict[str, Any]) -> Any:
         count = args.get("num_batches") or DEFAULT_BATCHES
         with waiting(f"reading {count} calibration batches of {run.options['dataset']}", slow=False):
             options["calibration_data"] = run.inputs("train", count)
-    with waiting(f"quantize_model: {what}", slow=args.get("method") == "gptq" or needs_data(args)):
+    large = sum(p.numel() for p in run.module.parameters()) > 5_000_000  # MiniLM: seconds even without data
+    with waiting(f"quantize_model: {what}", slow=needs_data(args) or large):
         _, info = lowbit.quantize_model(run.module, recipe, **options)
     run.recipe = saved_recipe(args)
     return info
