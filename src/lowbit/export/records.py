@@ -20,6 +20,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from lowbit._model import replace_module
@@ -81,14 +82,20 @@ def _json(qualname: str, cls: type, value: Any) -> Any:
     return value
 
 
-def rebuild_modules(model: nn.Module, records: dict[str, Any], registry: dict[str, type]) -> nn.Module:
-    """Swap into ``model`` the module each record describes; returns the model (a new one for a root record)."""
+def rebuild_modules(model: nn.Module, records: dict[str, Any], registry: dict[str, type],
+                    state: Mapping[str, Any] | None = None) -> nn.Module:  # fmt: skip
+    """Swap into ``model`` the module each record describes; returns the model (a new one for a root record).
+    With ``state`` (the file's tensors by name), a real module is first built on the meta device and its
+    tensors' shapes compared with the file's, so a config that does not fit them allocates nothing."""
     for qualname, record in records.items():
         if not isinstance(record, dict):
             raise SerializationError(f"module {qualname!r}: bad record {record!r}")
         if record.get("kind") == "simulated":
             replacement = _simulated(model, qualname, record)
         else:
+            if state is not None:
+                with torch.device("meta"):
+                    _fits(qualname, _real(qualname, record, registry), state)
             replacement = _real(qualname, record, registry)
         if not qualname:
             model = replacement
@@ -96,6 +103,15 @@ def rebuild_modules(model: nn.Module, records: dict[str, Any], registry: dict[st
         _existing(model, qualname)
         replace_module(model, qualname, replacement)
     return model
+
+
+def _fits(qualname: str, module: nn.Module, state: Mapping[str, Any]) -> None:
+    prefix = f"{qualname}." if qualname else ""
+    for name, tensor in module.state_dict().items():
+        saved = state.get(prefix + name)
+        if saved is not None and tuple(saved.shape) != tuple(tensor.shape):
+            raise SerializationError(f"module {qualname!r}: its recorded config makes {name!r} of shape "
+                                     f"{list(tensor.shape)}, the file holds {list(saved.shape)}")  # fmt: skip
 
 
 def _existing(model: nn.Module, qualname: str) -> nn.Module:
@@ -114,7 +130,7 @@ def _real(qualname: str, record: dict[str, Any], registry: dict[str, type]) -> n
         raise SerializationError(f"module {qualname!r}: unknown real-quantized class {record!r}; known: {known}")
     try:
         return cls.from_config(record["config"])
-    except (LowbitError, KeyError, TypeError, ValueError) as error:
+    except (LowbitError, KeyError, TypeError, ValueError, RuntimeError, MemoryError) as error:
         raise SerializationError(f"module {qualname!r}: {cls.__name__}.from_config failed: {error}") from None
 
 

@@ -133,7 +133,7 @@ def load(path: str | os.PathLike, model: nn.Module | None = None, *, modules: Mo
         return state
     if not isinstance(model, nn.Module):
         raise SerializationError(f"load(model=...) expects an nn.Module, got {type(model).__name__}")
-    model = rebuild_modules(model, header["modules"], real_module_classes(modules))
+    model = rebuild_modules(model, header["modules"], real_module_classes(modules), state)
     try:
         model.load_state_dict(state, strict=strict)
     except (RuntimeError, ValueError, TypeError) as error:
@@ -295,7 +295,8 @@ def _load_entry(name: str, entry: Any, tensors: dict[str, torch.Tensor]) -> torc
         raise SerializationError(f"entry {name!r} has unknown type {entry['type']!r}")
     except SerializationError:
         raise
-    except (LowbitError, KeyError, TypeError, ValueError, IndexError, RuntimeError) as error:
+    except (LowbitError, KeyError, TypeError, ValueError, IndexError, RuntimeError, ArithmeticError, MemoryError,
+            AttributeError) as error:  # a resealed (forged) entry the QTensor checks did not catch by name
         raise SerializationError(f"entry {name!r} is malformed: {type(error).__name__}: {error}") from None
 
 
