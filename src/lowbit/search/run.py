@@ -1,0 +1,155 @@
+"""``run_search``: a config's ``[search]`` run end to end (model and data, space, study, outputs)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lowbit._io import atomic_write_text
+from lowbit.errors import ConfigError
+from lowbit.search.config import SearchConfig, parse_search
+from lowbit.search.evaluate import Evaluator, fixed_subset, tokenized
+from lowbit.search.front import pareto_front, write_front
+from lowbit.search.measure import CostModel, load_cost_table, record_geometry
+from lowbit.search.space import PRESETS, REFERENCE_PRESETS, SearchSpace
+from lowbit.search.study import (completed_records, make_objective, make_sampler, make_storage, open_study,
+                                 optuna)  # fmt: skip
+
+log = logging.getLogger("lowbit")
+SPLITS = {"val_dataloader": "validation", "test_dataloader": "test", "train_dataloader": "train"}
+
+
+def load_search_config(config: Any) -> tuple[dict[str, Any], SearchConfig, Path | None]:
+    """(run options table, search config, config file) from a TOML path or a dict."""
+    from lowbit.config.toml_config import read_toml
+
+    path = None
+    if isinstance(config, (str, Path)):
+        path = Path(config)
+        config = read_toml(path)
+    if not isinstance(config, dict) or "search" not in config:
+        raise ConfigError(f"{path or 'config'}: no [search] table (search_space and strategy)")
+    rest = {key: value for key, value in config.items() if key != "search"}
+    return rest, parse_search(config["search"], str(path or "config")), path
+
+
+def run_search(config: Any, save_dir: str | Path | None = None, *, n_trials: int | None = None,
+               storage: str | None = None, sampler: str | None = None, worker: int = 0, model: Any = None,
+               sentences: list[str] | None = None, overrides: dict[str, Any] | None = None,
+               progress: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Run (or continue) the search of ``config`` (a TOML path or its dict) and write the outputs in
+    ``save_dir`` (default: <project_dir>/<project>/search). Returns a summary (study, front, files)."""
+    table, search, path = load_search_config(config)
+    search.n_trials = n_trials or search.n_trials
+    search.storage = storage or search.storage
+    search.sampler = sampler or search.sampler
+    options = _options(table, path, overrides or {})
+    folder = Path(save_dir) if save_dir is not None else Path(options["project_dir"]) / options["project"] / "search"
+    folder.mkdir(parents=True, exist_ok=True)
+    root = model if model is not None else _load_model(options)
+    evaluator = _evaluator(root, options, search, sentences)
+    space = SearchSpace(root, search)
+    geometry = record_geometry(evaluator.work, lambda: evaluator.evaluate({}))
+    cost_table = load_cost_table(search.cost_table, path.parent if path else None)
+    costs = CostModel(root, geometry, list(space.layers), search.compare_to, cost_table)
+
+    def measure(plan: dict[str, Any]) -> dict[str, float]:
+        return {**evaluator.evaluate(plan), **costs.measure(plan)}
+
+    study_storage = make_storage(search.storage, folder)
+    study = open_study(search, study_storage, None)
+    seed = search.seed + 7919 * worker + len(study.trials)
+    study.sampler = make_sampler(search, space, seed)
+    if search.sensitivity_start and not study.trials:
+        from lowbit.search.sensitivity import enqueue_sensitivity_start
+
+        enqueue_sensitivity_start(study, space, evaluator)
+    started = time.perf_counter()
+    study.optimize(make_objective(search, space, measure), n_trials=search.n_trials, timeout=search.timeout,
+                   n_jobs=search.n_jobs, callbacks=[_progress_callback(search)] if progress else None,
+                   gc_after_trial=False)  # fmt: skip
+    seconds = time.perf_counter() - started
+    references = {name: measure(_uniform_plan(space, name)) for name in REFERENCE_PRESETS}
+    return _write_outputs(folder, study, search, table, references, {
+        "seconds": seconds, "added": search.n_trials, "cache_hits": evaluator.cache_hits,
+        "cache_misses": evaluator.cache_misses, "layers": list(space.layers), "search_space_size": space.size()})
+
+
+def _options(table: dict[str, Any], path: Path | None, overrides: dict[str, Any]) -> Any:
+    from lowbit.config import merge_options
+    from lowbit.config.toml_config import parse_run_config
+    from lowbit.pipeline.actions import prepare
+    from lowbit.pipeline.passes import PASSES
+
+    run_config = parse_run_config(table, PASSES, str(path) if path else "config")
+    options = merge_options(run_config.options, overrides)
+    prepare(options)
+    return options
+
+
+def _load_model(options: Any) -> torch.nn.Module:
+    from lowbit._model import root_module
+    from lowbit.pipeline.actions import load_model
+
+    return root_module(load_model(options), "search").eval()
+
+
+def _evaluator(root: torch.nn.Module, options: Any, search: SearchConfig, sentences: list[str] | None) -> Evaluator:
+    if options["task"] == "embedding":
+        from lowbit.models.minilm import load_minilm_tokenizer
+        from lowbit.models.sentences import SENTENCES
+
+        chosen = list(sentences or SENTENCES)[: search.num_samples]
+        return Evaluator(root, "embedding", tokenized(chosen, load_minilm_tokenizer()))
+    from lowbit.pipeline.catalog import get_split
+
+    inputs, labels = fixed_subset(get_split(options["dataset"], SPLITS[search.data_loader]), search.num_samples)
+    return Evaluator(root, "classification", inputs, labels, batch_size=options["batch_size"])
+
+
+def _uniform_plan(space: SearchSpace, preset: str) -> dict[str, Any]:
+    from lowbit.search.space import _named_decision
+
+    plan = {}
+    for layer, op in space.layers.items():
+        plan[layer] = _named_decision(layer, op, (layer,), [preset], PRESETS, f"preset {preset}").build({"choice": preset})
+    return plan
+
+
+def _progress_callback(search: SearchConfig) -> Any:
+    def callback(study: Any, trial: Any) -> None:
+        records = completed_records(study)
+        directions = {name: direction for name, (_, direction) in search.metrics.items()}
+        front = pareto_front(records, directions)
+        best = ", ".join(f"{name}={r['metrics'][name]:.4g}" for r in front[:3] for name in directions)
+        log.warning("trial %d done (%d in study); front of %d: %s", trial.number, len(records), len(front), best)
+
+    return callback
+
+
+def _write_outputs(folder: Path, study: Any, search: SearchConfig, table: dict[str, Any],
+                   references: dict[str, dict[str, float]], run: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    from lowbit.search.chart import draw_chart
+
+    records = completed_records(study)
+    directions = {name: direction for name, (_, direction) in search.metrics.items()}
+    front = pareto_front(records, directions)
+    keep = ("model", "dataset", "load_name", "load_type", "task", "batch_size", "seed")
+    options = {key: table[key] for key in keep if key in table}
+    task_metric = next((m for m in ("accuracy", "mean_cosine", "loss") if records and m in records[0]["metrics"]),
+                       "accuracy")  # fmt: skip
+    extra = {"study": search.study_name, "trials": len(records), "directions": directions, "uniform": references,
+             "run": run}  # fmt: skip
+    front_file = write_front(folder, front, options, extra)
+    atomic_write_text(folder / "trials.json", json.dumps(records, indent=1, sort_keys=True))
+    chart = draw_chart(folder / "search.png", records, front, references, task_metric) if records else None
+    return {"study": study, "records": records, "front": front, "uniform": references, "folder": folder,
+            "files": [front_file, folder / "trials.json", *([chart] if chart else [])], "run": run}
+
+
+__all__ = ["load_search_config", "run_search"]
