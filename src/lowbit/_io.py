@@ -27,6 +27,8 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from lowbit.errors import LowbitError
+
 _MARK = ".lowbit-"
 
 
@@ -76,11 +78,14 @@ def atomic_directory(path: str | os.PathLike, *, owned: Iterable[str] | None = N
     (copies where links are impossible), so they are not lost. ``owned=None``: the writer owns the whole
     folder; nothing is carried over.
     """
-    target = Path(path)
+    target = Path(os.path.realpath(path))  # "." and symlinks: the folder itself, beside its real parent
+    if target == target.parent or Path.cwd().is_relative_to(target):
+        raise LowbitError(f"cannot replace {str(path)!r} as a whole: it is the root or holds the working "
+                          "directory; write into a subfolder")  # fmt: skip
+    if target.exists() and not target.is_dir():
+        raise LowbitError(f"cannot write the folder {str(path)!r}: a file of that name exists")
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target)
-    if target.exists() and not target.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(target))
     building = _temporary_name(target, "tmp")
     os.mkdir(building, 0o777)
     try:

@@ -1,6 +1,8 @@
 """Save a (quantized) QGraph to a directory and load it back, without pickle unless asked.
 
-A saved graph is three files, written atomically (temporary file, fsync, rename), ``graph.json`` last:
+A saved graph is a folder of three files, published whole (built in a temporary sibling folder, fsynced,
+swapped in with one rename by :func:`lowbit._io.atomic_directory`, so a reader sees the previous save or
+the new one, never a mixture):
 
 - ``state.safetensors``: every parameter and buffer of the GraphModule by qualified name.
 - ``node_meta.toml``: ``{node_name: node.meta["mase"].parameters}`` (None written as MASE's "NA").
@@ -30,7 +32,7 @@ import torch
 from torch import fx, nn
 
 from lowbit.config.toml_config import na_to_none
-from lowbit._io import atomic_write_bytes, atomic_write_text
+from lowbit._io import atomic_directory, atomic_write_text, write_file
 from lowbit.errors import LowbitError
 from lowbit.graph._serialize import (
     GraphFileError, NotPortable, check_path, decode_modules, decode_nodes, encode_modules, encode_node,
@@ -67,12 +69,13 @@ def save_graph(graph: QGraph | fx.GraphModule, directory: str | os.PathLike, *,
         doc.update(format="pickle", pickle_reason=str(error), node_names=[n.name for n in gm.graph.nodes])
     doc["tensors"] = tensors
     doc["files"] = {name: hashlib.sha256(data).hexdigest() for name, data in payloads.items()}
-    for name, data in payloads.items():
-        atomic_write_bytes(directory / name, data)
-    atomic_write_text(directory / GRAPH_FILE, json.dumps(doc, indent=1))  # last: it commits the save
-    if PICKLE_FILE not in payloads:
-        (directory / PICKLE_FILE).unlink(missing_ok=True)  # stale from an earlier pickled save
-    return [directory / name for name in (*payloads, GRAPH_FILE)]
+    payloads[GRAPH_FILE] = json.dumps(doc, indent=1).encode()
+    # built in a temporary sibling folder and swapped in whole: a reader (or a crash) sees the previous save
+    # or this one; other files in the folder are kept, a stale graph_module.pt is not
+    with atomic_directory(directory, owned=(GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE)) as building:
+        for name, data in payloads.items():
+            write_file(building / name, data)
+    return [directory / name for name in payloads]
 
 
 def load_graph(directory: str | os.PathLike, trust_pickle: bool = False) -> QGraph:

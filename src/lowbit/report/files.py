@@ -1,4 +1,5 @@
-"""report.json and report.html, written atomically.
+"""report.json and report.html, published together (lowbit._io.atomic_directory): a reader of the folder
+sees both from the previous report or both from the new one; other files in the folder are kept.
 
 JSON has no inf / NaN: non-finite numbers are written as the strings "inf", "-inf" and "nan" (an exact
 layer has an SQNR of "inf"), and :func:`read_report` turns them back into floats.
@@ -12,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lowbit._io import atomic_write_text
+from lowbit._io import atomic_directory, write_file
 from lowbit.errors import ReportError
 
 _NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
@@ -30,8 +31,10 @@ def write_report(report: dict[str, Any], directory: str | os.PathLike) -> dict[s
     _check(report)
     target = Path(directory)
     paths = {"json": target / "report.json", "html": target / "report.html"}
-    atomic_write_text(paths["json"], to_json(report))
-    atomic_write_text(paths["html"], render_html(report))
+    texts = {"json": to_json(report), "html": render_html(report)}  # both made before anything is written
+    with atomic_directory(target, owned=[path.name for path in paths.values()]) as building:
+        for key, path in paths.items():
+            write_file(building / path.name, texts[key].encode())
     return paths
 
 
