@@ -60,7 +60,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from lowbit.cli import commands, tools
+    from lowbit.cli import commands, search, tools
 
     parser = _Parser(prog="lowbit", description="Quantize PyTorch models to any arithmetic and measure what it costs.")
     parser.add_argument("-V", "--version", action="version", version=f"lowbit {_version()}")
@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
             tools.add_report_arguments(command)
         command.set_defaults(command_function=getattr(commands, f"run_{name}"))
     tools.add_tool_commands(sub)
+    search.add_search_command(sub)
     return parser
 
 

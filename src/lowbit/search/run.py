@@ -41,9 +41,10 @@ def load_search_config(config: Any) -> tuple[dict[str, Any], SearchConfig, Path 
 def run_search(config: Any, save_dir: str | Path | None = None, *, n_trials: int | None = None,
                storage: str | None = None, sampler: str | None = None, worker: int = 0, model: Any = None,
                sentences: list[str] | None = None, overrides: dict[str, Any] | None = None,
-               progress: bool = False) -> dict[str, Any]:  # fmt: skip
+               progress: bool = False, only_outputs: bool = False) -> dict[str, Any]:  # fmt: skip
     """Run (or continue) the search of ``config`` (a TOML path or its dict) and write the outputs in
-    ``save_dir`` (default: <project_dir>/<project>/search). Returns a summary (study, front, files)."""
+    ``save_dir`` (default: <project_dir>/<project>/search). Returns a summary (study, front, files).
+    ``only_outputs`` adds no trial: it rewrites the outputs from the study as it is."""
     table, search, path = load_search_config(config)
     search.n_trials = n_trials or search.n_trials
     search.storage = storage or search.storage
@@ -65,14 +66,15 @@ def run_search(config: Any, save_dir: str | Path | None = None, *, n_trials: int
     study = open_study(search, study_storage, None)
     seed = search.seed + 7919 * worker + len(study.trials)
     study.sampler = make_sampler(search, space, seed)
-    if search.sensitivity_start and not study.trials:
+    if search.sensitivity_start and not study.trials and not only_outputs:
         from lowbit.search.sensitivity import enqueue_sensitivity_start
 
         enqueue_sensitivity_start(study, space, evaluator)
     started = time.perf_counter()
-    study.optimize(make_objective(search, space, measure), n_trials=search.n_trials, timeout=search.timeout,
-                   n_jobs=search.n_jobs, callbacks=[_progress_callback(search)] if progress else None,
-                   gc_after_trial=False)  # fmt: skip
+    search.n_trials = 0 if only_outputs else search.n_trials
+    if search.n_trials:
+        study.optimize(make_objective(search, space, measure), n_trials=search.n_trials, timeout=search.timeout,
+                       n_jobs=search.n_jobs, callbacks=[_progress_callback(search)] if progress else None)
     seconds = time.perf_counter() - started
     references = {name: measure(_uniform_plan(space, name)) for name in REFERENCE_PRESETS}
     return _write_outputs(folder, study, search, table, references, {
