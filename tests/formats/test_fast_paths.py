@@ -90,3 +90,21 @@ def test_nearest_power_of_two_equals_the_general_routine_everywhere(dtype, min_e
 def test_log_takes_the_fast_path_only_where_it_applies():
     assert log.fast_nearest_applies(torch.float32, -62) and not log.fast_nearest_applies(torch.float32, -126)
     assert log.fast_nearest_applies(torch.float64, -1000) and not log.fast_nearest_applies(torch.bfloat16, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mantissa_bits", [1, 2, 3, 6])
+def test_step_from_bits_with_per_block_exponents(dtype, mantissa_bits):
+    x = every_pattern_class(dtype)
+    x = x[torch.isfinite(x)]
+    x = x[: x.numel() // 64 * 64].reshape(-1, 16, 4)
+    generator = torch.Generator().manual_seed(mantissa_bits)
+    low = 1 - (127 if dtype == torch.float32 else 1023) + mantissa_bits
+    min_exponent = torch.randint(low, low + 200, (x.shape[0], 1, 1), generator=generator, dtype=torch.int32)
+    fast = _float_grid.grid_step(x, mantissa_bits, min_exponent)
+    exponent = torch.maximum(_float_grid.floor_log2(x.abs()), min_exponent)
+    assert torch.equal(fast, _float_grid.exact_pow2(exponent - mantissa_bits, dtype))
+    min_exponent[0] = low - 1  # one block's smallest step subnormal: the general path for every block
+    exponent = torch.maximum(_float_grid.floor_log2(x.abs()), min_exponent)
+    assert torch.equal(_float_grid.grid_step(x, mantissa_bits, min_exponent),
+                       _float_grid.exact_pow2(exponent - mantissa_bits, dtype))  # fmt: skip

@@ -84,12 +84,18 @@ def grid_step(x: torch.Tensor, mantissa_bits: int, min_exponent: int | torch.Ten
     step is the exponent field of x lowered by M >= 1 binades and clamped from below, built in two integer passes
     (``_step_from_bits``); +-inf and NaN get a huge finite step, which leaves them inf / NaN exactly as the
     general path's step does. Otherwise (per-block exponents, steps below the normal range) the general
-    path reads the exponent (``floor_log2``) and builds the power of two (``exact_pow2``).
+    path reads the exponent (``floor_log2``) and builds the power of two (``exact_pow2``). Per-block
+    exponents (MX, block minifloat) take the bit path eagerly when every block's smallest step is normal
+    (one check of the small per-block tensor); compiled kernels keep the general path (no data-dependent
+    branch), which gives the same steps.
     """
-    if not isinstance(min_exponent, torch.Tensor) and x.dtype in _LAYOUT:
+    if x.dtype in _LAYOUT and mantissa_bits >= 1:  # M = 0: inf would get step inf
         _, _, bias, _ = _LAYOUT[x.dtype]
-        if min_exponent - mantissa_bits >= 1 - bias and mantissa_bits >= 1:  # M = 0: inf would get step inf
-            return _step_from_bits(x, mantissa_bits, min_exponent)
+        if not isinstance(min_exponent, torch.Tensor):
+            if min_exponent - mantissa_bits >= 1 - bias:
+                return _step_from_bits(x, mantissa_bits, min_exponent)
+        elif not _compiling() and min_exponent.numel() and bool((min_exponent - mantissa_bits >= 1 - bias).all()):
+            return _step_from_bits(x, mantissa_bits, min_exponent)  # eager only: the check reads the data
     exponent = floor_log2(x.abs())
     if isinstance(min_exponent, torch.Tensor):
         # Widen to the per-block tensor's integer type (not narrow it): mixing int32 and int64 lanes trips
@@ -100,13 +106,22 @@ def grid_step(x: torch.Tensor, mantissa_bits: int, min_exponent: int | torch.Ten
     return exact_pow2(exponent - mantissa_bits, x.dtype)
 
 
-def _step_from_bits(x: torch.Tensor, mantissa_bits: int, min_exponent: int) -> torch.Tensor:
+def _step_from_bits(x: torch.Tensor, mantissa_bits: int, min_exponent: int | torch.Tensor) -> torch.Tensor:
+    """The step from the exponent bits; with per-block ``min_exponent`` every block's smallest step must be
+    a normal float (then the integer maximum of the bit patterns is the maximum of the powers of two)."""
     int_dtype, float_mantissa_bits, bias, _ = _LAYOUT[x.dtype]
     exponent_mask = (2 * bias + 1) << float_mantissa_bits
     field = x.view(int_dtype) & exponent_mask  # the biased exponent in place; sign and mantissa cleared
     field.sub_(mantissa_bits << float_mantissa_bits)  # M binades lower (negative for tiny x: clamped next)
+    if isinstance(min_exponent, torch.Tensor):
+        smallest = (min_exponent.to(int_dtype) - mantissa_bits + bias) << float_mantissa_bits
+        return torch.maximum(field, smallest, out=field).view(x.dtype)
     field.clamp_(min=(min_exponent - mantissa_bits + bias) << float_mantissa_bits)
     return field.view(x.dtype)
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
 
 
 def float_grid_max(exponent_width: int, mantissa_bits: int, exponent_bias: int, reserved_top: bool) -> float:
