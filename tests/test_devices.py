@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from lowbit.calibrate.specs import calibrated_spec
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -168,7 +170,7 @@ def test_specs_from_meta_statistics_are_a_format_error():
     with pytest.raises(FormatError, match="cannot run on the meta device"):
         observer.affine_spec(bits=8)
     with pytest.raises(FormatError, match="cannot run on the meta device"):
-        observer.spec_for("e4m3")
+        calibrated_spec(observer, "e4m3")
 
 
 @pytest.mark.parametrize(("cls", "options"), VALUE_OBSERVERS)

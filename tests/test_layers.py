@@ -17,8 +17,8 @@ FLOORS = {
     "api": 4, "calibrate": 4, "qtensor": 4, "nn": 4,
     "optim": 5, "config": 5, "ops": 5,
     "graph": 6, "flows": 7, "export": 8, "report": 8,
-    "ptq": 9, "convert": 9, "train": 9, "search": 9,
-    "pipeline": 10, "cli": 11, "__main__": 12, "__init__": 12,
+    "ptq": 9, "convert": 9, "train": 9,
+    "pipeline": 10, "search": 11, "cli": 12, "__main__": 13, "__init__": 13,
 }  # fmt: skip
 
 
@@ -37,13 +37,25 @@ def _target_files(module: str) -> list[Path]:
     return found
 
 
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` except those under ``if TYPE_CHECKING:`` (annotations only, never run)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
 def _imports(path: Path) -> set[Path]:
     """Every lowbit file ``path`` imports, at any depth of its code."""
     tree = ast.parse(path.read_text(), str(path))
     here = _module_name(path)
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     modules: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):  # `import lowbit` names the package that is running already
             modules.update(alias.name for alias in node.names if alias.name != "lowbit")
         elif isinstance(node, ast.ImportFrom):

@@ -53,7 +53,7 @@ def test_affine_and_presets_use_the_builders(kind, axis):
     reference = observer.affine_spec(bits=4, symmetric=True)  # the existing path
     assert (spec.scale, spec.zero_point, spec.axis) == (reference.scale, reference.zero_point, axis)
     assert torch.equal(spec(x), reference(x))
-    preset = observer.spec_for("q8s")
+    preset = calibrated_spec(observer, "q8s")
     low, high = observer.min_max(bits=8, symmetric=True, narrow_range=True)
     want = scale_zero_point(low, high, 8, symmetric=True, narrow_range=True).scale
     assert preset.format_name == "q8s" and preset.scale == tuple(want.reshape(-1).tolist())
@@ -148,7 +148,7 @@ def test_block_formats_have_no_calibrated_form(name):
 @pytest.mark.parametrize("name", ["minifloat_ieee", "minifloat_denorm", "log", "binary_residual"])
 def test_formats_without_a_scale(name):
     with pytest.raises(ConfigError, match=f"{name} has no scale to calibrate"):
-        observed("min_max").spec_for(name)
+        calibrated_spec(observed("min_max"), name)
 
 
 @pytest.mark.parametrize("call, message", [
@@ -172,4 +172,4 @@ def test_spec_objects_and_nonfinite_calibration():
     observer.update(torch.tensor([1.0, -2.0, math.inf, math.nan]))
     spec = calibrated_spec(observer, lowbit.formats.E5M2(saturate=False, rounding="toward_zero"))
     assert spec.saturate is False and spec.rounding == "toward_zero" and spec.scale[0] * 57344 >= 2.0
-    assert observer.spec_for("e5m2", saturate=False, rounding="toward_zero") == spec
+    assert calibrated_spec(observer, "e5m2", saturate=False, rounding="toward_zero") == spec

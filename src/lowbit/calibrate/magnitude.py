@@ -31,6 +31,8 @@ class MagnitudeObserver(Observer):
     is within 3e-4 (relative) of the exact conditional mean (tested).
     """
 
+    keeps_magnitudes = True  # what lowbit.calibrate.specs checks for (binary / ternary scales)
+
     _needs_values = True  # the histogram's bins depend on the values
 
     def __init__(self, *, bins: int = 2048, **granularity):

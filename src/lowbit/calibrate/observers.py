@@ -159,11 +159,6 @@ class Observer:
         if self.device is not None and self.device.type == "meta":
             raise FormatError(f"{type(self).__name__} cannot run on the meta device: {why}")
 
-    def spec_for(self, fmt, **overrides):
-        """``calibrated_spec(self, fmt, **overrides)`` (lowbit.calibrate.specs): fmt with frozen parameters."""
-        from lowbit.calibrate.specs import calibrated_spec  # imported here: specs builds on this module
-        return calibrated_spec(self, fmt, **overrides)
-
     def _range_for(self, **target) -> MinMax:
         if self.count == 0:
             raise ConfigError(f"{type(self).__name__} has seen no data (no finite values); call update() first")

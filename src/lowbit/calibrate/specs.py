@@ -27,11 +27,10 @@ Formats without a scale (minifloats, log, binary_residual) raise ConfigError too
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lowbit.calibrate.magnitude import MagnitudeObserver
 from lowbit.calibrate.observers import Observer
 from lowbit.errors import ConfigError
 from lowbit.formats import FormatSpec, resolve
@@ -43,6 +42,9 @@ from lowbit.formats.integer import Affine, Integer
 from lowbit.formats.mx import _MXFormat
 from lowbit.formats.ocp_float import _OcpFloat, covering_scale
 from lowbit.formats.ternary import TWN_FACTOR, Ternary
+
+if TYPE_CHECKING:
+    from lowbit.calibrate.magnitude import MagnitudeObserver
 
 BLOCK_FORMATS = (BlockFP, BlockMinifloat, BlockLog, _MXFormat)
 CALIBRATED_PARAMETERS = ("scale", "zero_point", "alpha")
@@ -145,7 +147,7 @@ def _fixed_point(observer: Observer, spec: Integer) -> FormatSpec:
 
 
 def _magnitudes(observer: Observer, spec: FormatSpec, what: str) -> MagnitudeObserver:
-    if not isinstance(observer, MagnitudeObserver):
+    if not getattr(observer, "keeps_magnitudes", False):  # a MagnitudeObserver (no import: it builds on observers)
         raise ConfigError(
             f"{spec.format_name}'s alpha is the least-squares scale of its signs, {what}; a range (min, max) does "
             f"not determine it and {type(observer).__name__} keeps only a range: calibrate with MagnitudeObserver"
