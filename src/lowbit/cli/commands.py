@@ -60,8 +60,8 @@ def run_train(args: argparse.Namespace) -> int:
     from lowbit.cli.output import show_metrics
     from lowbit.pipeline.actions import train
 
-    options, _ = resolve(args)
-    summary = train(options)
+    options, config = resolve(args)
+    summary = train(options, config.low_precision_optimizer)  # [low_precision_optimizer]: optimizer state formats
     if is_rank_zero() and summary.get("is_global_zero", True):
         show_metrics("Training result (best checkpoint)", summary.get("metrics", {}))
         print(f"checkpoints: {summary['best']} (best), {summary['last']} (last)")

@@ -32,7 +32,11 @@ from lowbit.config.options import ALIAS_TO_NAME, OPTION_BY_NAME, check_option_va
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.nn.config import ConfigWarning
 
-SECTIONS = ("passes", "transform")
+SECTIONS = ("passes", "transform", "low_precision_optimizer")
+# [low_precision_optimizer]: the optimizer state formats of `lowbit train` (lowbit.optim.LowPrecisionOptimizer);
+# a format is a name or an inline table {name = ..., parameter = value}; the formats are checked by lowbit.train
+OPTIMIZER_FORMAT_KEYS = ("weight", "grad", "momentum", "second_moment")
+OPTIMIZER_KEYS = (*OPTIMIZER_FORMAT_KEYS, "stochastic", "seed")
 # MASE's command-line keys (its CLI_DEFAULTS) that lowbit has no option for, and why; MASE's other keys
 # are options here (num_devices = devices, log_every_n_steps, accumulate_grad_batches, trainer_precision,
 # t_max, eta_min, ...).
@@ -62,6 +66,7 @@ class RunConfig:
     options: dict[str, Any] = field(default_factory=dict)
     style: str = "graph"
     passes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    low_precision_optimizer: dict[str, Any] | None = None  # the [low_precision_optimizer] table, keys checked
 
 
 def na_to_none(value: Any) -> Any:
@@ -112,6 +117,8 @@ def parse_run_config(table: Mapping[str, Any], known_passes: Iterable[str], wher
             config.passes = _passes(value, known_passes, where)
         elif key == "transform":
             config.style = _transform(value, where)
+        elif key == "low_precision_optimizer":
+            config.low_precision_optimizer = _low_precision_optimizer(value, where)
         elif key in OPTION_BY_NAME or key in ALIAS_TO_NAME:
             name = ALIAS_TO_NAME.get(key, key)
             config.options[name] = check_option_value(name, na_to_none(value), f"{where}: top-level key")
@@ -137,6 +144,26 @@ def _passes(value: Any, known: list[str], where: str) -> list[tuple[str, dict[st
             raise ConfigError(f"{where}: [passes.{name}] must be a table, got {arguments!r}")
         passes.append((name, na_to_none(arguments)))
     return passes
+
+
+def _low_precision_optimizer(value: Any, where: str) -> dict[str, Any]:
+    """The [low_precision_optimizer] table with its keys and value kinds checked (formats: by lowbit.train)."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: 'low_precision_optimizer' must be a table, got {value!r}")
+    for key, item in value.items():
+        if key not in OPTIMIZER_KEYS:
+            raise ConfigError(f"{where}: unknown key low_precision_optimizer.{key}{did_you_mean(key, OPTIMIZER_KEYS)}")
+        if key in OPTIMIZER_FORMAT_KEYS and not isinstance(item, (str, Mapping)):
+            raise ConfigError(f"{where}: low_precision_optimizer.{key} must be a format name or a table "
+                              f"{{name = ..., ...}}, got {item!r}")  # fmt: skip
+        if key == "stochastic" and not isinstance(item, bool):
+            raise ConfigError(f"{where}: low_precision_optimizer.stochastic must be true or false, got {item!r}")
+        if key == "seed" and (isinstance(item, bool) or not isinstance(item, int)):
+            raise ConfigError(f"{where}: low_precision_optimizer.seed must be an integer, got {item!r}")
+    if not any(key in value for key in OPTIMIZER_FORMAT_KEYS):
+        raise ConfigError(f"{where}: [low_precision_optimizer] names no format; give one or more of "
+                          f"{', '.join(OPTIMIZER_FORMAT_KEYS)}")  # fmt: skip
+    return {key: dict(item) if isinstance(item, Mapping) else item for key, item in value.items()}
 
 
 def _transform(value: Any, where: str) -> str:

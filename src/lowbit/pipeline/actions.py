@@ -63,14 +63,14 @@ def load_model(options: Any) -> nn.Module:
 
 
 # ---- train --------------------------------------------------------------------------------------------------
-def train(options: Any) -> dict[str, Any]:
+def train(options: Any, low_precision_optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
     from lowbit.pipeline.evaluate import evaluate
     from lowbit.train import fit
 
     check_training_options(options)
     model = load_model(options)
     root = software_dir(options)
-    result = fit(model, options, root / "training_ckpts", root / "logs")
+    result = fit(model, options, root / "training_ckpts", root / "logs", low_precision_optimizer)
     summary: dict[str, Any] = {"best": str(result.best), "last": str(result.last), "is_global_zero": result.is_global_zero}
     if not result.is_global_zero:
         return summary

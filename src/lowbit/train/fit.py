@@ -33,21 +33,26 @@ def _devices(value: Any) -> Any:
     return int(value) if isinstance(value, str) and value.isdigit() else value
 
 
-def fit(model: nn.Module, options: Any, checkpoint_dir: str | Path, log_dir: str | Path) -> FitResult:
-    """Train ``model`` as ``options`` say (an EffectiveOptions or a mapping with the run option names)."""
+def fit(model: nn.Module, options: Any, checkpoint_dir: str | Path, log_dir: str | Path,
+        low_precision: dict[str, Any] | None = None) -> FitResult:  # fmt: skip
+    """Train ``model`` as ``options`` say (an EffectiveOptions or a mapping with the run option names);
+    ``low_precision``: a checked [low_precision_optimizer] table (the optimizer state's formats)."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
     from lowbit.train.lightning_module import ClassifierModule, DataModule
+    from lowbit.train.optimizer_state import check_low_precision
 
     _quiet_lightning()
     if options["task"] != "classification":
         raise ConfigError(f"training needs a classification task; {options['model']!r} is an {options['task']} model")
+    check_low_precision(low_precision)
     L.seed_everything(options["seed"], workers=True, verbose=False)
     module = ClassifierModule(model, learning_rate=options["learning_rate"], weight_decay=options["weight_decay"],
                               optimizer=options["training_optimizer"], max_epochs=options["max_epochs"],
-                              t_max=options["t_max"], eta_min=options["eta_min"])  # fmt: skip
+                              t_max=options["t_max"], eta_min=options["eta_min"], low_precision=low_precision,
+                              seed=options["seed"])  # fmt: skip
     data = DataModule(options["dataset"], options["batch_size"], seed=options["seed"], num_workers=options["num_workers"])
     checkpoint = ModelCheckpoint(dirpath=str(checkpoint_dir), filename="best", monitor="val_loss", mode="min",
                                  save_top_k=1, save_last=True, enable_version_counter=False)  # fmt: skip

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from lowbit.pipeline.catalog import make_loader
+from lowbit.train.optimizer_state import wrap_optimizer
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 
@@ -20,13 +21,15 @@ class ClassifierModule(L.LightningModule):
 
     def __init__(self, model: nn.Module, *, learning_rate: float = 1e-3, weight_decay: float = 0.0,
                  optimizer: str = "adam", max_epochs: int = 1, t_max: int | None = None,
-                 eta_min: float = 0.0) -> None:  # fmt: skip
+                 eta_min: float = 0.0, low_precision: dict[str, Any] | None = None,
+                 seed: int | None = None) -> None:  # fmt: skip
         super().__init__()
         self.model = model
         self.learning_rate, self.weight_decay = learning_rate, weight_decay
         self.optimizer_name, self.max_epochs = optimizer, max_epochs
         self.t_max, self.eta_min = t_max or max_epochs, eta_min  # the cosine schedule (MASE's t_max / eta_min)
         self.loss = nn.CrossEntropyLoss()
+        self.low_precision, self.low_precision_seed = low_precision, seed  # [low_precision_optimizer] (None: float state)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -54,6 +57,7 @@ class ClassifierModule(L.LightningModule):
         optimizer_class = OPTIMIZERS[self.optimizer_name]
         extra = {"momentum": 0.9} if self.optimizer_name == "sgd" else {}
         optimizer = optimizer_class(self.parameters(), lr=self.learning_rate, weight_decay=self.weight_decay, **extra)
+        optimizer = wrap_optimizer(optimizer, self.low_precision, self.low_precision_seed)
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, self.t_max), eta_min=self.eta_min)
         return {"optimizer": optimizer, "lr_scheduler": schedule}
 

@@ -1,0 +1,139 @@
+"""Multi-file outputs survive a crash at any point: save_graph and write_report, interrupted after every
+step (monkeypatched) and by real SIGKILLs, leave the previous version or the new one, never a mixture, and
+the next write removes what a killed writer left behind."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from lowbit import _io
+from lowbit.graph.qgraph import QGraph
+from lowbit.graph.save_load import GRAPH_FILE, META_FILE, STATE_FILE, load_graph, save_graph
+
+pytest.importorskip("safetensors")
+STEPS = ("_write", "_replace", "_rename", "_exchange", "_fsync_directory")
+
+
+class Killed(BaseException):
+    """Stands for the process dying at that step (not an Exception: nothing may swallow it)."""
+
+
+def crash_at(monkeypatch, limit: int) -> None:
+    count = [0]
+    for name in STEPS:
+        original = getattr(_io, name)
+
+        def step(*args, _original=original, **kwargs):
+            count[0] += 1
+            if count[0] == limit:
+                raise Killed(limit)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(_io, name, step)
+
+
+def graph(value: float) -> QGraph:
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.fill_(value)
+    return QGraph(model)
+
+
+def saved_value(directory) -> float:
+    """The one value every parameter of the saved graph holds (load_graph checks all file checksums)."""
+    values = {float(v) for p in load_graph(directory).model.parameters() for v in p.detach().flatten()}
+    assert len(values) == 1
+    return values.pop()
+
+
+def strays(directory) -> list[str]:
+    return [name for name in os.listdir(directory.parent) if ".lowbit-" in name]
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2-exchange", "two-renames"])
+def test_save_graph_interrupted_at_every_step(tmp_path, monkeypatch, exchange):
+    seen = []
+    for limit in range(1, 40):
+        directory = tmp_path / f"n{limit}" / "saved"
+        save_graph(graph(1.0), directory)
+        (directory / "notes.txt").write_text("a user's file")
+        with monkeypatch.context() as patch:
+            crash_at(patch, limit)
+            if not exchange:
+                patch.setattr(_io, "_exchange", lambda first, second: False)
+            try:
+                save_graph(graph(2.0), directory)
+                done = True
+            except Killed:
+                done = False
+        seen.append(saved_value(directory))
+        assert seen[-1] in (1.0, 2.0) and (directory / "notes.txt").read_text() == "a user's file"
+        assert strays(directory) == [], limit
+        if done:
+            break
+    assert done and seen[0] == 1.0 and seen[-1] == 2.0 and len(seen) > 5
+
+
+def test_write_report_interrupted_at_every_step(tmp_path, monkeypatch):
+    from lowbit.report import html
+    from lowbit.report.files import read_report, write_report
+
+    monkeypatch.setattr(html, "render_html", lambda report: f"<p>{report['summary']['version']}</p>")
+    for limit in range(1, 40):
+        directory = tmp_path / f"n{limit}"
+        write_report({"layers": [], "summary": {"version": 1}}, directory)
+        with monkeypatch.context() as patch:
+            crash_at(patch, limit)
+            try:
+                write_report({"layers": [], "summary": {"version": 2}}, directory)
+                done = True
+            except Killed:
+                done = False
+        version = read_report(directory / "report.json")["summary"]["version"]
+        assert (directory / "report.html").read_text() == f"<p>{version}</p>"
+        assert strays(directory) == []
+        if done:
+            break
+    assert done and version == 2
+
+
+WRITER = textwrap.dedent("""
+    import sys, torch
+    from torch import nn
+    from lowbit.graph.qgraph import QGraph
+    from lowbit.graph.save_load import save_graph
+
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+    value = 1.0
+    while True:
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.fill_(value)
+        save_graph(QGraph(model), sys.argv[1])
+        print(value, flush=True)
+        value += 1.0
+""")
+
+
+def test_sigkill_of_a_saving_process_leaves_a_loadable_save_and_strays_are_cleaned(tmp_path):
+    directory, rng = tmp_path / "saved", random.Random(0)
+    for attempt in range(2):
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(directory)], stdout=subprocess.PIPE, text=True)
+        completed = [float(writer.stdout.readline()) for _ in range(1 + rng.randrange(3))]
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait()
+        value = saved_value(directory)
+        assert completed[-1] <= value <= completed[-1] + 1  # the last reported save, or the one it was writing
+        assert sorted(os.listdir(directory)) == [GRAPH_FILE, META_FILE, STATE_FILE]
+        save_graph(graph(0.5), directory)  # the next write removes what the killed one left behind
+        assert strays(directory) == [] and saved_value(directory) == 0.5
