@@ -70,7 +70,8 @@ def train(options: Any, low_precision_optimizer: dict[str, Any] | None = None) -
     check_training_options(options)
     model = load_model(options)
     root = software_dir(options)
-    result = fit(model, options, root / "training_ckpts", root / "logs", low_precision_optimizer)
+    result = fit(model, options, root / "training_ckpts", root / "logs", low_precision_optimizer,
+                 make_loader=make_loader)  # fmt: skip
     summary: dict[str, Any] = {"best": str(result.best), "last": str(result.last), "is_global_zero": result.is_global_zero}
     if not result.is_global_zero:
         return summary

@@ -34,9 +34,10 @@ def _devices(value: Any) -> Any:
 
 
 def fit(model: nn.Module, options: Any, checkpoint_dir: str | Path, log_dir: str | Path,
-        low_precision: dict[str, Any] | None = None) -> FitResult:  # fmt: skip
+        low_precision: dict[str, Any] | None = None, *, make_loader: Any) -> FitResult:  # fmt: skip
     """Train ``model`` as ``options`` say (an EffectiveOptions or a mapping with the run option names);
-    ``low_precision``: a checked [low_precision_optimizer] table (the optimizer state's formats)."""
+    ``low_precision``: a checked [low_precision_optimizer] table (the optimizer state's formats);
+    ``make_loader(dataset, split, batch_size, shuffle=, seed=, num_workers=)``: the data loaders."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
@@ -53,7 +54,8 @@ def fit(model: nn.Module, options: Any, checkpoint_dir: str | Path, log_dir: str
                               optimizer=options["training_optimizer"], max_epochs=options["max_epochs"],
                               t_max=options["t_max"], eta_min=options["eta_min"], low_precision=low_precision,
                               seed=options["seed"])  # fmt: skip
-    data = DataModule(options["dataset"], options["batch_size"], seed=options["seed"], num_workers=options["num_workers"])
+    data = DataModule(options["dataset"], options["batch_size"], make_loader=make_loader, seed=options["seed"],
+                      num_workers=options["num_workers"])  # fmt: skip
     checkpoint = ModelCheckpoint(dirpath=str(checkpoint_dir), filename="best", monitor="val_loss", mode="min",
                                  save_top_k=1, save_last=True, enable_version_counter=False)  # fmt: skip
     trainer = L.Trainer(

@@ -10,7 +10,6 @@ import lightning as L
 import torch
 from torch import nn
 
-from lowbit.pipeline.catalog import make_loader
 from lowbit.train.optimizer_state import wrap_optimizer
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
@@ -63,14 +62,17 @@ class ClassifierModule(L.LightningModule):
 
 
 class DataModule(L.LightningDataModule):
-    """train / validation / test loaders of a built-in dataset; the training order is seeded."""
+    """train / validation / test loaders of a built-in dataset; the training order is seeded. ``make_loader``
+    is the catalog's loader factory (``lowbit.pipeline.catalog.make_loader``), given by the caller so that
+    this floor imports nothing from the pipeline above it."""
 
-    def __init__(self, dataset: str, batch_size: int, *, seed: int = 0, num_workers: int = 0) -> None:
+    def __init__(self, dataset: str, batch_size: int, *, make_loader: Any, seed: int = 0, num_workers: int = 0) -> None:
         super().__init__()
         self.dataset, self.batch_size, self.seed, self.num_workers = dataset, batch_size, seed, num_workers
+        self.make_loader = make_loader
 
     def _loader(self, split: str, shuffle: bool = False):
-        return make_loader(self.dataset, split, self.batch_size, shuffle=shuffle, seed=self.seed,
+        return self.make_loader(self.dataset, split, self.batch_size, shuffle=shuffle, seed=self.seed,
                            num_workers=self.num_workers)  # fmt: skip
 
     def train_dataloader(self):
