@@ -17,7 +17,7 @@ from torch import nn
 
 from lowbit.errors import ConfigError
 from lowbit.graph.mase_ops import _classify_module
-from lowbit.graph.quantize import replace_module
+from lowbit._model import replace_module
 from lowbit.graph.select import Selector
 from lowbit.nn.config import NodeConfig, read_node_config
 from lowbit.nn.modules import MODULE_FOR_OP, QuantModule

@@ -23,6 +23,7 @@ from typing import Any
 
 from torch import fx, nn
 
+from lowbit._model import replace_module
 from lowbit.errors import ConfigError
 from lowbit.graph.mase_ops import classify
 from lowbit.graph.qgraph import QGraph
@@ -118,13 +119,6 @@ def _apply(graph: QGraph, item: _Planned, modules: dict[str, nn.Module]) -> None
         node.kwargs = {**node.kwargs, "config": item.formats.to_dict()}
     node.meta[UNUSED_KEYS] = dict(item.unused)
     _record(node, item.formats)
-
-
-def replace_module(root: nn.Module, qualified_name: str, new: nn.Module) -> None:
-    """``root.<qualified_name> = new`` for a dotted name."""
-    parent_name, _, child = qualified_name.rpartition(".")
-    parent = root.get_submodule(parent_name) if parent_name else root
-    setattr(parent, child, new)
 
 
 def _record(node: fx.Node, formats: RoleFormats) -> None:

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from lowbit.errors import ReportError
+from lowbit._model import model_arguments
+from lowbit.errors import ConfigError, ReportError
 from lowbit.report.layers import Layer
 from lowbit.nn.roles import RoleFormats
 
@@ -38,15 +39,12 @@ class Call:
 
 
 def model_inputs(batch: Any) -> tuple[tuple, dict[str, Any]]:
-    """A batch as model arguments: a dict is keyword arguments, a tuple / list gives its first item (an
-    (x, y) pair gives x), anything else is the one positional input (as :mod:`lowbit.ptq`)."""
-    if isinstance(batch, Mapping):
-        return (), dict(batch)
-    if isinstance(batch, (tuple, list)):
-        if not batch:
-            raise ReportError("an input batch is an empty tuple / list")
-        return (batch[0],), {}
-    return (batch,), {}
+    """A batch as model arguments, by lowbit's one rule (:func:`lowbit._model.model_arguments`: a mapping
+    is keyword arguments, a tuple / list gives its first item, anything else is the one input)."""
+    try:
+        return model_arguments(batch)
+    except ConfigError as error:
+        raise ReportError(str(error)) from None
 
 
 def main_tensor(output: Any, where: str = "the model output") -> torch.Tensor:
