@@ -36,15 +36,32 @@ def make_storage(storage: str | None, folder: Path) -> Any:
     if storage is None:
         storage = str(folder / "study.journal")
     if "://" in storage:
-        return module.storages.RDBStorage(storage, engine_kwargs=_engine_arguments(storage))
+        return _database(storage)
     path = Path(storage)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix in (".db", ".sqlite", ".sqlite3"):
-        url = f"sqlite:///{path.resolve()}"
-        return module.storages.RDBStorage(url, engine_kwargs=_engine_arguments(url))
+        return _database(f"sqlite:///{path.resolve()}")
     from optuna.storages.journal import JournalFileBackend
 
     return module.storages.JournalStorage(JournalFileBackend(str(path)))
+
+
+def _database(url: str, attempts: int = 20) -> Any:
+    """An RDB storage; processes that start together race to create the schema (the loser's insert of the
+    schema version fails), so a failed first connection is retried after a short wait."""
+    import random
+    import time
+
+    import sqlalchemy.exc
+
+    for attempt in range(attempts):
+        try:
+            return optuna().storages.RDBStorage(url, engine_kwargs=_engine_arguments(url))
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as error:
+            if attempt == attempts - 1:
+                raise LowbitError(f"cannot open the study storage {url}: {error.orig}") from None
+            time.sleep(0.2 + random.random() * 0.5)
+    raise AssertionError("unreachable")
 
 
 def _engine_arguments(url: str) -> dict[str, Any]:
