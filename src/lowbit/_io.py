@@ -79,7 +79,7 @@ def atomic_directory(path: str | os.PathLike, *, owned: Iterable[str] | None = N
     folder; nothing is carried over.
     """
     target = Path(os.path.realpath(path))  # "." and symlinks: the folder itself, beside its real parent
-    if target == target.parent or Path.cwd().is_relative_to(target):
+    if target == target.parent or _working_directory().is_relative_to(target):
         raise LowbitError(f"cannot replace {str(path)!r} as a whole: it is the root or holds the working "
                           "directory; write into a subfolder")  # fmt: skip
     if target.exists() and not target.is_dir():
@@ -97,6 +97,13 @@ def atomic_directory(path: str | os.PathLike, *, owned: Iterable[str] | None = N
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
+
+
+def _working_directory() -> Path:
+    try:
+        return Path.cwd()
+    except OSError:  # the working directory was removed: it cannot be inside the target
+        return Path("/\0")
 
 
 def _carry_over(old: Path, new: Path, owned: set[str]) -> None:
@@ -168,8 +175,8 @@ def _dead_writer(rest: str) -> bool:
     if not pid_text.isdigit() or not (tail.endswith(".tmp") or tail.endswith(".old")):
         return False  # not one of ours
     pid = int(pid_text)
-    if pid == os.getpid():
-        return False  # another thread of this process may be writing it
+    if pid == os.getpid() or os.name != "posix":
+        return False  # another thread of this process may be writing it; elsewhere os.kill(pid, 0) terminates
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
