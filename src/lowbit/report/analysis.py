@@ -17,6 +17,9 @@ pass_args:
   whether the layers are simulated, real or mixed are added).
 - ``save_dir``: write report.json and report.html there.
 - ``print_table`` (False): print the rich table.
+- ``gradients`` (False): one backward pass through each model (lowbit.report.gradients); every layer row
+  gets ``grad_weight_sqnr_db``, the SQNR of its weight gradient against the float model's (None without
+  a float weight).
 
 Returns ``(graph, {"report": report})``; the report is a plain dict (docs/report.md has its schema).
 """
@@ -32,7 +35,7 @@ from torch import fx, nn
 from lowbit.errors import LowbitError, ReportError
 from lowbit.graph.metadata import REQUIRED, read_pass_args
 from lowbit.graph.qgraph import QGraph
-from lowbit.report import build, histograms, real
+from lowbit.report import build, gradients, histograms, real
 from lowbit.report.collect import evaluation_mode, main_tensor, make_runner
 from lowbit.report.layers import check_float_counterparts, find_layers
 from lowbit.report.metrics import METRICS, TaskMetric
@@ -43,6 +46,7 @@ PASS_NAME = "quantization_report_analysis_pass"
 DEFAULTS: dict[str, Any] = {
     "float_model": REQUIRED, "inputs": REQUIRED, "labels": None, "metric": "auto", "sensitivity": True,
     "histogram_layers": 4, "save_dir": None, "print_table": False, "latency_runs": 5, "header": None,
+    "gradients": False,
 }  # fmt: skip
 
 
@@ -60,9 +64,13 @@ def quantization_report_analysis_pass(graph: QGraph | nn.Module, pass_args: dict
     histograms.check_choice(args["histogram_layers"], [layer.name for layer in layers])  # before the work
     header = _header_fields(args["header"])
     runs = _latency_runs(args["latency_runs"])
+    gradients_wanted = _flag(args["gradients"], "gradients")
     with torch.no_grad(), evaluation_mode(original, quantized):
         report = _measure(quantized, original, layers, batches, labels, kind, args)
         _time_real_layers(report["layers"], layers, report.pop("_stats"), runs)
+    if gradients_wanted:
+        with evaluation_mode(original, quantized):
+            _attach_gradients(report["layers"], gradients.gradient_sqnr(quantized, original, layers, batches, labels))
     report["header"] = build.header(header, report["layers"])
     if args["save_dir"] is not None:
         from lowbit.report.files import write_report
@@ -146,6 +154,11 @@ def _histograms(stats: dict[str, LayerStats], chosen: list[str]) -> list[dict[st
     return entries
 
 
+def _attach_gradients(rows: list[dict[str, Any]], sqnr: dict[str, float | None]) -> None:
+    for row in rows:
+        row["grad_weight_sqnr_db"] = sqnr.get(row["name"])
+
+
 def _attach_sensitivity(rows: list[dict[str, Any]], ranking: list[dict[str, Any]] | None) -> None:
     by_layer = {entry["layer"]: (entry["rank"], entry) for entry in ranking or ()}
     for row in rows:
@@ -203,6 +216,12 @@ def _header_fields(header: Any) -> dict[str, str]:
         raise ReportError(f"{PASS_NAME}: header must be a dict of str -> str (model, dataset, config, checkpoint, "
                           f"...), got {type(header).__name__}")  # fmt: skip
     return {key: str(value) for key, value in header.items() if value is not None}
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ReportError(f"{PASS_NAME}: {name}={value!r} must be true or false")
+    return value
 
 
 def _latency_runs(runs: Any) -> int:
