@@ -137,3 +137,26 @@ def test_sigkill_of_a_saving_process_leaves_a_loadable_save_and_strays_are_clean
         assert sorted(os.listdir(directory)) == [GRAPH_FILE, META_FILE, STATE_FILE]
         save_graph(graph(0.5), directory)  # the next write removes what the killed one left behind
         assert strays(directory) == [] and saved_value(directory) == 0.5
+
+
+def test_readers_during_repeated_saves_see_one_whole_save(tmp_path):
+    import threading
+
+    directory = tmp_path / "saved"
+    save_graph(graph(1.0), directory)
+    versions, finished = (graph(1.0), graph(2.0)), threading.Event()
+
+    def writer():
+        try:
+            for index in range(12):
+                save_graph(versions[index % 2], directory)
+        finally:
+            finished.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    seen = set()
+    while not finished.is_set():
+        seen.add(saved_value(directory))  # raises if a load mixed two saves
+    thread.join()
+    assert seen <= {1.0, 2.0} and strays(directory) == []

@@ -82,8 +82,7 @@ def load_graph(directory: str | os.PathLike, trust_pickle: bool = False) -> QGra
     """The QGraph saved in ``directory`` (tensors on the CPU). Missing, corrupt or tampered files and
     non-allowlisted classes or functions raise GraphFileError (a LowbitError) naming the file."""
     directory = Path(directory)
-    doc = _read_doc(directory / GRAPH_FILE)
-    data = {name: _read_checked(directory / name, digest) for name, digest in doc["files"].items()}
+    doc, data = _read_files(directory)
     with _about(directory / STATE_FILE):  # a safetensors error here means a bad header or sizes
         state = _require("safetensors.torch").load(data[STATE_FILE])
     if doc["format"] == "pickle":
@@ -269,6 +268,19 @@ def _about(path: Path) -> Iterator[None]:
         raise
     except Exception as error:  # anything else means the file's content is not what a save writes
         raise GraphFileError(f"{path} is malformed ({type(error).__name__}: {error})") from error
+
+
+def _read_files(directory: Path, attempts: int = 3) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """graph.json and the files it lists, checked. A save swapped in while they are read (the folder is
+    replaced whole, so files can come from two saves) makes the checksums disagree: read again."""
+    for attempt in range(attempts):
+        doc = _read_doc(directory / GRAPH_FILE)
+        try:
+            return doc, {name: _read_checked(directory / name, digest) for name, digest in doc["files"].items()}
+        except GraphFileError:
+            if attempt + 1 == attempts or _read_doc(directory / GRAPH_FILE) == doc:
+                raise  # the same save throughout: the files really are bad
+    raise AssertionError("unreachable")
 
 
 def _read_doc(path: Path) -> dict[str, Any]:
