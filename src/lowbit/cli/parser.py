@@ -51,7 +51,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="print the effective configuration table (default true)")  # fmt: skip
     for option in OPTIONS:
         kind = parse_bool if option.kind is bool else option.kind
-        parser.add_argument(option.flag, dest=option.name, type=kind, choices=option.choices,
+        alone = {"nargs": "?", "const": True} if option.kind is bool else {}  # "--warmup" = "--warmup true"
+        parser.add_argument(option.flag, dest=option.name, type=kind, choices=option.choices, **alone,
                             default=argparse.SUPPRESS, help=f"{option.help} (default: {option.default})")  # fmt: skip
     parser.add_argument("--load-name", dest="load", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument("--num-devices", dest="devices", default=argparse.SUPPRESS, help=argparse.SUPPRESS)

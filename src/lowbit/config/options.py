@@ -51,6 +51,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("project_dir", str, "lowbit_output", "where outputs go"),
     Option("project", str, None, "output folder name (default: <model>_<task>_<dataset>)"),
     Option("progress", bool, True, "show progress bars"),
+    Option("warmup", bool, False, "compile the simulated layers' quantizer kernels before test / report measure"),
     # MASE's trainer options (its defaults differ where noted in docs/mase-compatibility.md)
     Option("log_every_n_steps", int, 1, "Lightning: log metrics every n training steps"),
     Option("accumulate_grad_batches", int, 1, "Lightning: batches whose gradients add up before a step"),

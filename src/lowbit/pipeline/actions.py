@@ -116,7 +116,10 @@ def test(options: Any) -> dict[str, Any]:
 
     if options["load"] is None and options["task"] != "embedding":
         raise ConfigError("lowbit test needs --load: a checkpoint to evaluate (a fresh model would be untrained)")
-    metrics = evaluate(load_model(options), options)
+    model = load_model(options)
+    if options["warmup"]:
+        _warm_up(model, options)
+    metrics = evaluate(model, options)
     path = software_dir(options) / "test" / "metrics.json"
     atomic_write_text(path, json.dumps(metrics, indent=1) + "\n")
     return {"metrics": metrics, "files": [str(path)]}
@@ -137,6 +140,8 @@ def transform(options: Any, config: RunConfig) -> dict[str, Any]:
             check_quantize(run, args)
     warn_if_untrained(options)
     for name, args in config.passes:
+        if name == "quantization_report" and options["warmup"]:
+            _warm_up(run.module, options)
         run.infos[name] = PASSES[name].run(run, args)
     directory = run.out_dir / "transformed_ckpt"
     save_lowbit(run.model if style == "graph" else run.module, directory, model_name=options["model"],
@@ -155,6 +160,12 @@ def _style(config: RunConfig) -> str:
         raise ConfigError(f"[passes.quantize_model] runs on the module, but [passes.{graph_passes[0]}] needs a "
                           "traced graph; use them in separate configs")  # fmt: skip
     return "module"
+
+
+def _warm_up(model: nn.Module, options: Any) -> None:
+    from lowbit.pipeline.warming import warm_up
+
+    warm_up(model, next(iter(make_loader(options["dataset"], "test", options["batch_size"]))))
 
 
 def _captured(model: nn.Module, options: Any, style: str) -> Any:
