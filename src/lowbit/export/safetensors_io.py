@@ -11,7 +11,6 @@ every tensor the header names, and reports any problem as a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 
 from lowbit._io import atomic_write_bytes
+from lowbit._seal import PLACEHOLDER, seal_matches, seal_of, sealed
 from lowbit.errors import LowbitError
 from lowbit.export._errors import SerializationError
 from lowbit.export.records import ModuleClasses, module_records, real_module_classes, rebuild_modules
@@ -32,7 +32,7 @@ SCHEMA = "lowbit.safetensors"
 SCHEMA_VERSION = 2  # 1: the checksum covered only the tensor data; such files are refused (docs/storage.md)
 METADATA_KEY = "lowbit"
 SEPARATOR = "#"  # QTensor parts are stored as "<name>#codes", "<name>#params.scale", ...
-_PLACEHOLDER = "?" * 64  # same length as a SHA-256 hex digest, patched in after sealing the file
+_PLACEHOLDER = PLACEHOLDER  # where the seal goes; see lowbit._seal
 _HEADER_KEYS = ("schema", "schema_version", "kind", "seal_sha256", "entries", "modules")
 
 
@@ -97,24 +97,17 @@ def _safetensors():
 
 
 def _serialize(tensors: dict[str, torch.Tensor], header: dict[str, Any]) -> bytes:
+    """The safetensors bytes, sealed: SHA-256 of the whole file (length prefix, header, data) in the header."""
     safetensors_save = _safetensors().save
 
-    blob = bytearray(safetensors_save(tensors, metadata={METADATA_KEY: json.dumps(header, allow_nan=False)}))
-    size = int.from_bytes(blob[:8], "little")
-    start = blob.find(_PLACEHOLDER.encode(), 8, 8 + size)
-    if blob.count(_PLACEHOLDER.encode(), 8, 8 + size) != 1:
-        raise SerializationError(f"a tensor name contains {_PLACEHOLDER[:8]}..., which lowbit files reserve")
-    blob[start : start + len(_PLACEHOLDER)] = seal(bytes(blob), start).encode()  # same length: offsets stay valid
-    return bytes(blob)
+    blob = safetensors_save(tensors, metadata={METADATA_KEY: json.dumps(header, allow_nan=False)})
+    try:
+        return sealed(blob, 8, 8 + int.from_bytes(blob[:8], "little"))
+    except ValueError:
+        raise SerializationError(f"a tensor name contains {_PLACEHOLDER[:8]}..., which lowbit files reserve") from None
 
 
-def seal(blob: bytes, start: int) -> str:
-    """The seal of a lowbit file: SHA-256 (hex) of all its bytes, with the 64 characters of the seal itself
-    (at ``start``) counted as 64 ``?``. It covers the length prefix, every header byte and the data."""
-    digest = hashlib.sha256(memoryview(blob)[:start])
-    digest.update(_PLACEHOLDER.encode())
-    digest.update(memoryview(blob)[start + len(_PLACEHOLDER) :])
-    return digest.hexdigest()
+seal = seal_of  # the seal of a lowbit file: see lowbit._seal
 
 
 # ---- load -------------------------------------------------------------------------------------------------
@@ -270,15 +263,8 @@ def _lowbit_header(raw: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _check_seal(data: bytes, size: int, recorded: Any, where: str) -> None:
-    corrupt = f"{where!r} is corrupt: its bytes do not match the SHA-256 checksum it was sealed with"
-    if not isinstance(recorded, str) or len(recorded) != 64 or set(recorded) - set("0123456789abcdef"):
-        raise SerializationError(f"{corrupt} (the seal itself is damaged)")
-    token = recorded.encode()
-    start = data.find(token, 8, 8 + size)
-    if start < 0 or data.find(token, start + 1, 8 + size) >= 0:
-        raise SerializationError(corrupt)
-    if seal(data, start) != recorded:
-        raise SerializationError(corrupt)
+    if not seal_matches(data, recorded, 8, 8 + size):
+        raise SerializationError(f"{where!r} is corrupt: its bytes do not match the SHA-256 checksum it was sealed with")
 
 
 def _load_entry(name: str, entry: Any, tensors: dict[str, torch.Tensor]) -> torch.Tensor | QTensor:
