@@ -172,7 +172,7 @@ def _save_statistics(run: TransformRun, args: dict[str, Any]) -> Any:
     return {"files": [str(path)]}
 
 
-_REPORT_KEYS = ("num_batches", "sensitivity", "histogram_layers", "save_dir", "print_table", "metric")
+_REPORT_KEYS = ("num_batches", "sensitivity", "histogram_layers", "save_dir", "print_table", "metric", "gradients")
 
 
 def _quantization_report(run: TransformRun, args: dict[str, Any]) -> Any:
@@ -236,7 +236,8 @@ _VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     **{key: ("a positive integer", _positive_int) for key in ("num_batches", "num_samples", "bits", "weight_bits",
                                                                "group_size", "weight_group_size")},
     **{key: ("true or false", lambda v: isinstance(v, bool)) for key in ("signed", "symmetric", "sensitivity",
-                                                                          "print_table", "print", "profile_output_activation")},
+                                                                          "print_table", "print", "profile_output_activation",
+                                                                          "gradients")},
     **{key: ("a string", lambda v: isinstance(v, str)) for key in ("save_path", "save_dir", "observer", "metric",
                                                                     "per", "activation_format", "by")},
     "ops": ("a list of op names", lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v)),
