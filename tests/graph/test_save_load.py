@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lowbit._seal import PLACEHOLDER, sealed
 from lowbit.errors import ConfigError, LowbitError
 from lowbit.graph import save_load
 from lowbit.graph.qgraph import QGraph
@@ -95,10 +96,16 @@ def _sequential() -> QGraph:
     return QGraph(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
 
 
-def _edit(path, change) -> None:
+def _edit(path, change, reseal=True) -> None:
+    """Apply ``change`` to graph.json; ``reseal``: seal it again (as a deliberate forger could), so the checks
+    behind the seal are reached."""
     doc = json.loads(path.read_text())
     change(doc)
-    path.write_text(json.dumps(doc))
+    if reseal:
+        doc["seal_sha256"] = PLACEHOLDER
+        path.write_bytes(sealed(json.dumps(doc).encode()))
+    else:
+        path.write_text(json.dumps(doc))
 
 
 # ---- round trips ----------------------------------------------------------------------------------------
@@ -340,7 +347,8 @@ def test_missing_directory_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda doc: doc.update(version=2), "version 2"),
+    (lambda doc: doc.update(version=3), "version 3"),
+    (lambda doc: doc.update(version=1), "earlier lowbit .*Save the graph again"),
     (lambda doc: doc.update(schema="mase"), "schema"),
     (lambda doc: doc["files"].update({"../../etc/passwd": "0"}), "files"),
 ])  # fmt: skip
@@ -348,6 +356,19 @@ def test_wrong_schema_or_version_is_refused(tmp_path, change, message):
     save_graph(_sequential(), tmp_path)
     _edit(tmp_path / GRAPH_FILE, change)
     with pytest.raises(LowbitError, match=message):
+        load_graph(tmp_path)
+
+
+@pytest.mark.parametrize("change", [
+    lambda doc: doc["modules"]["0"]["kwargs"].update(out_features=9),
+    lambda doc: doc.update(training=[]),
+    lambda doc: doc.update(seal_sha256="0" * 64),
+    lambda doc: None,  # only the JSON spacing changes
+])  # fmt: skip
+def test_unsealed_edits_of_graph_json_are_refused(tmp_path, change):
+    save_graph(_sequential(), tmp_path)
+    _edit(tmp_path / GRAPH_FILE, change, reseal=False)
+    with pytest.raises(LowbitError, match="sealed with"):
         load_graph(tmp_path)
 
 

@@ -6,9 +6,10 @@ the new one, never a mixture):
 
 - ``state.safetensors``: every parameter and buffer of the GraphModule by qualified name.
 - ``node_meta.toml``: ``{node_name: node.meta["mase"].parameters}`` (None written as MASE's "NA").
-- ``graph.json``: ``{"schema": "lowbit.graph", "version": 1, ...}`` with the fx nodes, the constructor
-  arguments of every module (plus lowbit formats), how each tensor is held, and the SHA-256 of the other
-  files, so a half-replaced or truncated save is refused instead of loading a wrong model.
+- ``graph.json``: ``{"schema": "lowbit.graph", "version": 2, ...}`` with the fx nodes, the constructor
+  arguments of every module (plus lowbit formats), how each tensor is held, the SHA-256 of the other
+  files, and ``seal_sha256``, the seal of graph.json itself (:mod:`lowbit._seal`): any changed byte of any
+  of the files is refused instead of loading a wrong model.
 
 Loading rebuilds modules only from torch.nn / lowbit.nn and functions only from an allowlist (see
 :mod:`lowbit.graph._serialize`). A graph with a custom module class can be saved with ``allow_pickle=True``
@@ -33,6 +34,7 @@ from torch import fx, nn
 
 from lowbit.config.toml_config import na_to_none
 from lowbit._io import atomic_directory, atomic_write_text, write_file
+from lowbit._seal import PLACEHOLDER, seal_matches, sealed
 from lowbit.errors import LowbitError
 from lowbit.graph._serialize import (
     GraphFileError, NotPortable, check_path, decode_modules, decode_nodes, encode_modules, encode_node,
@@ -43,7 +45,7 @@ from lowbit.graph.qgraph import GraphError, QGraph
 from lowbit.nn.functional import QUANT_FUNCTIONS
 from lowbit.nn.modules import QuantModule
 
-SCHEMA, VERSION = "lowbit.graph", 1
+SCHEMA, VERSION = "lowbit.graph", 2  # 1: graph.json was not sealed; refused
 GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE = "graph.json", "state.safetensors", "node_meta.toml", "graph_module.pt"
 
 
@@ -69,7 +71,12 @@ def save_graph(graph: QGraph | fx.GraphModule, directory: str | os.PathLike, *,
         doc.update(format="pickle", pickle_reason=str(error), node_names=[n.name for n in gm.graph.nodes])
     doc["tensors"] = tensors
     doc["files"] = {name: hashlib.sha256(data).hexdigest() for name, data in payloads.items()}
-    payloads[GRAPH_FILE] = json.dumps(doc, indent=1).encode()
+    doc["seal_sha256"] = PLACEHOLDER
+    try:
+        payloads[GRAPH_FILE] = sealed(json.dumps(doc, indent=1).encode())
+    except ValueError:
+        raise NotPortable(f"a name or argument of the graph contains {PLACEHOLDER[:8]}..., which graph.json "
+                          "reserves for its seal") from None  # fmt: skip
     # built in a temporary sibling folder and swapped in whole: a reader (or a crash) sees the previous save
     # or this one; other files in the folder are kept, a stale graph_module.pt is not
     with atomic_directory(directory, owned=(GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE)) as building:
@@ -287,13 +294,21 @@ def _read_doc(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise GraphFileError(f"{path} is missing: {path.parent} is not a graph saved by lowbit's save_graph")
     try:
-        doc = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        blob = path.read_bytes()
+        doc = json.loads(blob)
+    except OSError as error:
+        raise GraphFileError(f"{path} cannot be read: {error.strerror or error}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise GraphFileError(f"{path} is not valid JSON (truncated or corrupted?): {error}") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise GraphFileError(f"{path} is not a lowbit graph file (schema must be {SCHEMA!r})")
+    if doc.get("version") == 1:
+        raise GraphFileError(f"{path} was saved by an earlier lowbit (version 1, graph.json not sealed): it cannot "
+                             "be verified, so this lowbit does not read it. Save the graph again")  # fmt: skip
     if doc.get("version") != VERSION:
         raise GraphFileError(f"{path} has schema version {doc.get('version')!r}; this lowbit reads version {VERSION}")
+    if not seal_matches(blob, doc.get("seal_sha256")):
+        raise GraphFileError(f"{path} is corrupt: its bytes do not match the SHA-256 checksum it was sealed with")
     files, fmt = doc.get("files"), doc.get("format")
     wanted = {STATE_FILE, META_FILE} | ({PICKLE_FILE} if fmt == "pickle" else set())
     if fmt not in ("fx", "pickle") or not isinstance(files, dict) or set(files) != wanted:
