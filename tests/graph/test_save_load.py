@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lowbit._seal import PLACEHOLDER, sealed
+from lowbit._io import PLACEHOLDER, sealed
 from lowbit.errors import ConfigError, LowbitError
 from lowbit.graph import save_load
 from lowbit.graph.qgraph import QGraph

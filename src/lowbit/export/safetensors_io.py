@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from lowbit._io import atomic_write_bytes
-from lowbit._seal import PLACEHOLDER, seal_matches, seal_of, sealed
+from lowbit._io import PLACEHOLDER, seal_matches, seal_of, sealed
 from lowbit.errors import LowbitError
 from lowbit.export._errors import SerializationError
 from lowbit.export.records import ModuleClasses, module_records, real_module_classes, rebuild_modules
@@ -32,7 +32,7 @@ SCHEMA = "lowbit.safetensors"
 SCHEMA_VERSION = 2  # 1: the checksum covered only the tensor data; such files are refused (docs/storage.md)
 METADATA_KEY = "lowbit"
 SEPARATOR = "#"  # QTensor parts are stored as "<name>#codes", "<name>#params.scale", ...
-_PLACEHOLDER = PLACEHOLDER  # where the seal goes; see lowbit._seal
+_PLACEHOLDER = PLACEHOLDER  # where the seal goes; see lowbit._io
 _HEADER_KEYS = ("schema", "schema_version", "kind", "seal_sha256", "entries", "modules")
 
 
@@ -107,7 +107,7 @@ def _serialize(tensors: dict[str, torch.Tensor], header: dict[str, Any]) -> byte
         raise SerializationError(f"a tensor name contains {_PLACEHOLDER[:8]}..., which lowbit files reserve") from None
 
 
-seal = seal_of  # the seal of a lowbit file: see lowbit._seal
+seal = seal_of  # the seal of a lowbit file: see lowbit._io
 
 
 # ---- load -------------------------------------------------------------------------------------------------

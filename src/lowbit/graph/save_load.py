@@ -8,7 +8,7 @@ the new one, never a mixture):
 - ``node_meta.toml``: ``{node_name: node.meta["mase"].parameters}`` (None written as MASE's "NA").
 - ``graph.json``: ``{"schema": "lowbit.graph", "version": 2, ...}`` with the fx nodes, the constructor
   arguments of every module (plus lowbit formats), how each tensor is held, the SHA-256 of the other
-  files, and ``seal_sha256``, the seal of graph.json itself (:mod:`lowbit._seal`): any changed byte of any
+  files, and ``seal_sha256``, the seal of graph.json itself (:func:`lowbit._io.sealed`): any changed byte of any
   of the files is refused instead of loading a wrong model.
 
 Loading rebuilds modules only from torch.nn / lowbit.nn and functions only from an allowlist (see
@@ -34,7 +34,7 @@ from torch import fx, nn
 
 from lowbit.config.toml_config import na_to_none
 from lowbit._io import atomic_directory, atomic_write_text, write_file
-from lowbit._seal import PLACEHOLDER, seal_matches, sealed
+from lowbit._io import PLACEHOLDER, seal_matches, sealed
 from lowbit.errors import LowbitError
 from lowbit.graph._serialize import (
     GraphFileError, NotPortable, check_path, decode_modules, decode_nodes, encode_modules, encode_node,
