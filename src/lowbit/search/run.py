@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -45,11 +46,19 @@ def run_search(config: Any, save_dir: str | Path | None = None, *, n_trials: int
     """Run (or continue) the search of ``config`` (a TOML path or its dict) and write the outputs in
     ``save_dir`` (default: <project_dir>/<project>/search). Returns a summary (study, front, files).
     ``only_outputs`` adds no trial: it rewrites the outputs from the study as it is."""
+    with _no_background_compiles():
+        return _run(config, save_dir, n_trials, storage, sampler, worker, model, sentences, overrides or {}, progress,
+                    only_outputs)  # fmt: skip
+
+
+def _run(config: Any, save_dir: Any, n_trials: int | None, storage: str | None, sampler: str | None, worker: int,
+         model: Any, sentences: list[str] | None, overrides: dict[str, Any], progress: bool,
+         only_outputs: bool) -> dict[str, Any]:  # fmt: skip
     table, search, path = load_search_config(config)
     search.n_trials = n_trials or search.n_trials
     search.storage = storage or search.storage
     search.sampler = sampler or search.sampler
-    options = _options(table, path, overrides or {})
+    options = _options(table, path, overrides)
     folder = Path(save_dir) if save_dir is not None else Path(options["project_dir"]) / options["project"] / "search"
     folder.mkdir(parents=True, exist_ok=True)
     root = model if model is not None else _load_model(options)
@@ -75,11 +84,30 @@ def run_search(config: Any, save_dir: str | Path | None = None, *, n_trials: int
     if search.n_trials:
         study.optimize(make_objective(search, space, measure), n_trials=search.n_trials, timeout=search.timeout,
                        n_jobs=search.n_jobs, callbacks=[_progress_callback(search)] if progress else None)
-    seconds = time.perf_counter() - started
     references = {name: measure(_uniform_plan(space, name)) for name in REFERENCE_PRESETS}
+    seconds = time.perf_counter() - started
     return _write_outputs(folder, study, search, table, references, {
         "seconds": seconds, "added": search.n_trials, "cache_hits": evaluator.cache_hits,
         "cache_misses": evaluator.cache_misses, "layers": list(space.layers), "search_space_size": space.size()})
+
+
+@contextlib.contextmanager
+def _no_background_compiles() -> Any:
+    """The ``auto`` backend compiles hot kernels on a background thread, and that compile (torch.fx tracing
+    patches ``nn.Module.__call__`` process-wide) can break a forward pass running at the same moment; a
+    search runs forward passes back to back, so it evaluates eagerly under ``auto`` (``compiled``, which
+    compiles in the caller's thread, is kept)."""
+    from lowbit import backend
+
+    previous = backend.get_backend()
+    if previous == "auto":
+        backend.wait_for_background()
+        backend.set_backend("eager")
+    try:
+        yield
+    finally:
+        if previous == "auto":
+            backend.set_backend("auto")
 
 
 def _options(table: dict[str, Any], path: Path | None, overrides: dict[str, Any]) -> Any:
