@@ -72,9 +72,7 @@ def round_to_float_grid(
     scaled = x / step  # exact: a power of two
     rounded = scaled.round_() if rounding == "nearest_even" else round_to_integer(scaled, rounding, generator)
     rounded = rounded.mul_(step)
-    if isinstance(max_value, torch.Tensor):
-        return torch.maximum(torch.minimum(rounded, max_value), -max_value)
-    return rounded.clamp_(-max_value, max_value)
+    return rounded.clamp_(-max_value, max_value)  # a per-block max_value >= 0 clamps in one pass as well
 
 
 def grid_step(x: torch.Tensor, mantissa_bits: int, min_exponent: int | torch.Tensor) -> torch.Tensor:

@@ -177,5 +177,6 @@ class BlockFP(FormatSpec):
         exponent = shared_exponent(blocked, dims, mantissa_bits, self.rounding, self.min_exponent, max_exponent)
         step = exact_pow2(exponent - mantissa_bits + 1, blocked.dtype)
         top_code = 2.0**mantissa_bits - 1
-        codes = round_to_integer(blocked / step, self.rounding, generator).clamp(-top_code, top_code)
-        return codes * step
+        scaled = blocked / step  # exact: a power of two
+        codes = scaled.round_() if self.rounding == "nearest_even" else round_to_integer(scaled, self.rounding, generator)
+        return codes.clamp_(-top_code, top_code).mul_(step)
