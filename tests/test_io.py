@@ -129,13 +129,25 @@ def test_failure_inside_the_block_leaves_the_old_folder(tmp_path):
     assert version_of(target) == "old" and strays(target) == []
 
 
-@pytest.mark.parametrize("where", [".", "root", "file"])
-def test_refuses_folders_it_cannot_swap(tmp_path, monkeypatch, where):
-    monkeypatch.chdir(tmp_path)
+def test_refuses_a_file_in_place_of_the_folder(tmp_path):
     (tmp_path / "file").write_text("x")
-    path = {".": ".", "root": "/", "file": "file"}[where]
-    with pytest.raises(LowbitError), atomic_directory(path):
+    with pytest.raises(LowbitError, match="a file of that name exists"), atomic_directory(tmp_path / "file"):
         pass
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_working_directory_is_written_file_by_file_commit_file_last(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stale").write_text("owned, not written again")
+    (tmp_path / "notes").write_text("keep")
+    order = []
+    monkeypatch.setattr(_io, "_replace", lambda source, target: (order.append(target.name), os.replace(source, target)))
+    with atomic_directory(".", owned=("a", "manifest", "z", "stale"), last="manifest") as building:
+        for name in ("manifest", "z", "a"):
+            write_file(building / name, name.encode())
+    assert order == ["a", "z", "manifest"]
+    assert sorted(os.listdir(tmp_path)) == ["a", "manifest", "notes", "z"]
+    assert (tmp_path / "manifest").read_text() == "manifest" and (tmp_path / "notes").read_text() == "keep"
 
 
 STEPS = ("_write", "_replace", "_rename", "_exchange", "_fsync_directory")

@@ -68,7 +68,8 @@ def write_file(path: str | os.PathLike, data: bytes) -> None:
 
 # ---- a folder ----------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike, *, owned: Iterable[str] | None = None) -> Iterator[Path]:
+def atomic_directory(path: str | os.PathLike, *, owned: Iterable[str] | None = None,
+                     last: str | None = None) -> Iterator[Path]:  # fmt: skip
     """Build a new version of the folder ``path`` and publish it whole.
 
     Yields an empty temporary folder beside ``path``; write the new files there (:func:`write_file`). When
@@ -79,26 +80,41 @@ def atomic_directory(path: str | os.PathLike, *, owned: Iterable[str] | None = N
     written anew (another tool's files in the same folder) are carried into the new version as hard links
     (copies where links are impossible), so they are not lost. ``owned=None``: the writer owns the whole
     folder; nothing is carried over.
+
+    A folder that cannot be swapped (the file system root, or one holding the working directory, such as
+    ``"."``) is written file by file instead: each file atomically, ``last`` (the file that commits the save,
+    e.g. a manifest of checksums) after the others, owned files not written anew removed.
     """
     target = Path(os.path.realpath(path))  # "." and symlinks: the folder itself, beside its real parent
-    if target == target.parent or _working_directory().is_relative_to(target):
-        raise LowbitError(f"cannot replace {str(path)!r} as a whole: it is the root or holds the working "
-                          "directory; write into a subfolder")  # fmt: skip
     if target.exists() and not target.is_dir():
         raise LowbitError(f"cannot write the folder {str(path)!r}: a file of that name exists")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(target)
-    building = _temporary_name(target, "tmp")
+    in_place = target == target.parent or _working_directory().is_relative_to(target)
+    home = target / ".lowbit-dir" if in_place else target
+    home.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(home)
+    building = _temporary_name(home, "tmp")
     os.mkdir(building, 0o777)
     try:
         yield building
+        if in_place:
+            _move_files(building, target, set(owned or ()), last)
+            return
         if owned is not None and target.is_dir():
             _carry_over(target, building, set(owned))
         _fsync_directory(building)
         _publish(building, target)
-    except BaseException:
+    finally:
         shutil.rmtree(building, ignore_errors=True)
-        raise
+
+
+def _move_files(building: Path, target: Path, owned: set[str], last: str | None) -> None:
+    names = sorted(os.listdir(building), key=lambda name: (name == last, name))
+    for name in names:
+        _replace(building / name, target / name)
+    for name in owned - set(names):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(target / name)
+    _fsync_directory(target)
 
 
 def _working_directory() -> Path:

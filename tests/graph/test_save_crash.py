@@ -160,3 +160,12 @@ def test_readers_during_repeated_saves_see_one_whole_save(tmp_path):
         seen.add(saved_value(directory))  # raises if a load mixed two saves
     thread.join()
     assert seen <= {1.0, 2.0} and strays(directory) == []
+
+
+def test_save_into_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("a user's file")
+    save_graph(graph(1.0), ".")
+    save_graph(graph(2.0), ".")
+    assert saved_value(tmp_path) == 2.0 and (tmp_path / "notes.txt").read_text() == "a user's file"
+    assert sorted(os.listdir(tmp_path)) == sorted([GRAPH_FILE, META_FILE, STATE_FILE, "notes.txt"])

@@ -79,7 +79,8 @@ def save_graph(graph: QGraph | fx.GraphModule, directory: str | os.PathLike, *,
                           "reserves for its seal") from None  # fmt: skip
     # built in a temporary sibling folder and swapped in whole: a reader (or a crash) sees the previous save
     # or this one; other files in the folder are kept, a stale graph_module.pt is not
-    with atomic_directory(directory, owned=(GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE)) as building:
+    owned = (GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE)
+    with atomic_directory(directory, owned=owned, last=GRAPH_FILE) as building:  # graph.json commits the save
         for name, data in payloads.items():
             write_file(building / name, data)
     return [directory / name for name in payloads]
