@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+import lowbit
 from lowbit import _io
 from lowbit.graph.qgraph import QGraph
 from lowbit.graph.save_load import GRAPH_FILE, META_FILE, STATE_FILE, load_graph, save_graph
@@ -110,6 +111,7 @@ def test_write_report_interrupted_at_every_step(tmp_path, monkeypatch):
 WRITER = textwrap.dedent("""
     import sys, torch
     from torch import nn
+    import lowbit
     from lowbit.graph.qgraph import QGraph
     from lowbit.graph.save_load import save_graph
 
@@ -120,23 +122,28 @@ WRITER = textwrap.dedent("""
             for parameter in model.parameters():
                 parameter.fill_(value)
         save_graph(QGraph(model), sys.argv[1])
+        lowbit.save(model, sys.argv[2])
         print(value, flush=True)
         value += 1.0
 """)
 
 
 def test_sigkill_of_a_saving_process_leaves_a_loadable_save_and_strays_are_cleaned(tmp_path):
-    directory, rng = tmp_path / "saved", random.Random(0)
+    directory, file, rng = tmp_path / "saved", tmp_path / "model.safetensors", random.Random(0)
     for attempt in range(2):
-        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(directory)], stdout=subprocess.PIPE, text=True)
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(directory), str(file)], stdout=subprocess.PIPE,
+                                  text=True)  # fmt: skip
         completed = [float(writer.stdout.readline()) for _ in range(1 + rng.randrange(3))]
         os.kill(writer.pid, signal.SIGKILL)
         writer.wait()
         value = saved_value(directory)
         assert completed[-1] <= value <= completed[-1] + 1  # the last reported save, or the one it was writing
         assert sorted(os.listdir(directory)) == [GRAPH_FILE, META_FILE, STATE_FILE]
-        save_graph(graph(0.5), directory)  # the next write removes what the killed one left behind
-        assert strays(directory) == [] and saved_value(directory) == 0.5
+        state = lowbit.load(file)  # lowbit.save: one file, the last complete version
+        assert completed[-1] <= float(state["0.weight"][0, 0]) <= completed[-1] + 1
+        save_graph(graph(0.5), directory)  # the next writes remove what the killed one left behind
+        lowbit.save({"x": torch.ones(2)}, file)
+        assert strays(directory) == [] and strays(file) == [] and saved_value(directory) == 0.5
 
 
 def test_readers_during_repeated_saves_see_one_whole_save(tmp_path):
