@@ -176,3 +176,15 @@ def test_save_into_the_working_directory(tmp_path, monkeypatch):
     save_graph(graph(2.0), ".")
     assert saved_value(tmp_path) == 2.0 and (tmp_path / "notes.txt").read_text() == "a user's file"
     assert sorted(os.listdir(tmp_path)) == sorted([GRAPH_FILE, META_FILE, STATE_FILE, "notes.txt"])
+
+
+def test_extra_files_are_published_with_the_graph(tmp_path):
+    files = save_graph(graph(1.0), tmp_path / "g", extra_files={"run.json": b'{"model": "toy"}'})
+    assert (tmp_path / "g" / "run.json").read_bytes() == b'{"model": "toy"}' and tmp_path / "g" / "run.json" in files
+    assert saved_value(tmp_path / "g") == 1.0
+    from lowbit.graph.qgraph import GraphError
+
+    for bad in ({GRAPH_FILE: b"x"}, {"a/b": b"x"}, {"run.json": "text"}):
+        with pytest.raises(GraphError, match="extra_files"):
+            save_graph(graph(2.0), tmp_path / "g", extra_files=bad)
+    assert saved_value(tmp_path / "g") == 1.0

@@ -50,10 +50,16 @@ GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE = "graph.json", "state.safetensor
 
 
 # ---- public API -----------------------------------------------------------------------------------------
-def save_graph(graph: QGraph | fx.GraphModule, directory: str | os.PathLike, *,
-               allow_pickle: bool = False) -> list[Path]:  # fmt: skip
+def save_graph(graph: QGraph | fx.GraphModule, directory: str | os.PathLike, *, allow_pickle: bool = False,
+               extra_files: Mapping[str, bytes] | None = None) -> list[Path]:  # fmt: skip
     """Write ``graph`` to ``directory``; returns the files written. Raises NotPortable naming the module /
-    function that has no pickle-free form, unless ``allow_pickle`` lets it pickle the GraphModule instead."""
+    function that has no pickle-free form, unless ``allow_pickle`` lets it pickle the GraphModule instead.
+    ``extra_files`` (name -> bytes, e.g. a run description) are published in the same swap as the graph."""
+    extra = dict(extra_files or {})
+    reserved = {GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE} & set(extra)
+    if reserved or any(not isinstance(data, bytes) or os.sep in name or name in ("", ".", "..")
+                       for name, data in extra.items()):  # fmt: skip
+        raise GraphError(f"extra_files must map plain file names (not {sorted(reserved)}) to bytes")
     gm, directory = _graph_module(graph), Path(directory)
     state, tensors = _collect_state(gm)
     # everything is serialized before the first write, so a failure leaves an earlier save intact
@@ -79,11 +85,11 @@ def save_graph(graph: QGraph | fx.GraphModule, directory: str | os.PathLike, *,
                           "reserves for its seal") from None  # fmt: skip
     # built in a temporary sibling folder and swapped in whole: a reader (or a crash) sees the previous save
     # or this one; other files in the folder are kept, a stale graph_module.pt is not
-    owned = (GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE)
+    owned = (GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE, *extra)
     with atomic_directory(directory, owned=owned, last=GRAPH_FILE) as building:  # graph.json commits the save
-        for name, data in payloads.items():
+        for name, data in {**extra, **payloads}.items():
             write_file(building / name, data)
-    return [directory / name for name in payloads]
+    return [directory / name for name in (*payloads, *extra)]
 
 
 def load_graph(directory: str | os.PathLike, trust_pickle: bool = False) -> QGraph:
