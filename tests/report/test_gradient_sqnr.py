@@ -76,3 +76,20 @@ def test_off_by_default_and_checked():
     assert all("grad_weight_sqnr_db" not in row for row in report["layers"])
     with pytest.raises(ReportError, match="gradients"):
         _report(original, quantized, [torch.randn(4, 6)], gradients="yes")
+
+
+def test_table_and_html_show_the_column_only_when_measured():
+    from rich.console import Console
+
+    from lowbit.report import print_report
+    from lowbit.report.table import GRADIENT_COLUMN, layer_cells, layer_columns
+
+    original, quantized = _models()
+    with_gradients = _report(original, quantized, [torch.randn(4, 6)], gradients=True)
+    without = _report(original, quantized, [torch.randn(4, 6)])
+    assert layer_columns(with_gradients)[-1] == GRADIENT_COLUMN and GRADIENT_COLUMN not in layer_columns(without)
+    row = next(row for row in with_gradients["layers"] if row["name"] == "0")
+    assert layer_cells(row, "cosine")[-1] == "inf" and len(layer_cells(row, "cosine")) == len(layer_columns(with_gradients))
+    console = Console(width=250, record=True)
+    print_report(with_gradients, console)
+    assert GRADIENT_COLUMN in console.export_text()

@@ -8,7 +8,7 @@ import html
 from typing import Any
 
 from lowbit.report import charts
-from lowbit.report.table import COLUMNS, ROLE_COLUMNS, header_items, layer_cells, role_rows, summary_lines
+from lowbit.report.table import ROLE_COLUMNS, header_items, layer_cells, layer_columns, role_rows, summary_lines
 
 _STYLE = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 24px auto; max-width: 1100px;
@@ -86,7 +86,7 @@ def _table(header: list[str], rows: list[list[str]], text_columns: int) -> str:
 def _layer_table(report: dict[str, Any]) -> str:
     metric = report["summary"]["metric"]
     rows = [layer_cells(row, metric) for row in report["layers"]]
-    return _table(list(COLUMNS), rows, text_columns=3)
+    return _table(list(layer_columns(report)), rows, text_columns=3)
 
 
 def _role_table(report: dict[str, Any]) -> str:

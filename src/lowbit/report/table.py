@@ -8,6 +8,7 @@ from typing import Any
 
 COLUMNS = ("layer", "op", "formats", "W bits/el", "A bits/el", "bytes", "SQNR dB", "alone dB", "rel. error",
            "clamped", "sensitivity", "latency vs fp32")  # fmt: skip
+GRADIENT_COLUMN = "grad W dB"  # the gradient pass's weight-gradient SQNR, a column only when the report has it
 SIGNIFICANT = 4  # digits of a number written inside a text (scales in a format's description)
 _LONG_NUMBER = re.compile(r"(?<![\w.])-?\d+\.\d+(?:e[-+]?\d+)?(?![\w.])")
 
@@ -90,8 +91,13 @@ def formats_text(row: dict[str, Any]) -> str:
     return f"bypass\n{text}" if row.get("bypass") else text
 
 
+def layer_columns(report: dict[str, Any]) -> tuple[str, ...]:
+    """COLUMNS, plus the weight-gradient SQNR where the report ran the gradient pass."""
+    return COLUMNS + (GRADIENT_COLUMN,) if any("grad_weight_sqnr_db" in row for row in report["layers"]) else COLUMNS
+
+
 def layer_cells(row: dict[str, Any], metric: str) -> list[str]:
-    """One table row as strings, in COLUMNS order."""
+    """One table row as strings, in :func:`layer_columns` order."""
     rank = row.get("sensitivity_rank")
     sensitivity = "-" if rank is None else f"#{rank} {fmt_metric(metric, row['sensitivity_metric'])}"
     if rank is not None and metric == "cosine":
@@ -99,9 +105,12 @@ def layer_cells(row: dict[str, Any], metric: str) -> list[str]:
     error = fmt_number(row["relative_error"], 4)
     if row["nonfinite_outputs"]:
         error += f" ({row['nonfinite_outputs']} non-finite)"
-    return [row["name"], row["op"], formats_text(row), role_bits(row, "weight"), role_bits(row, "data_in"),
-            fmt_number(row["bytes"]), fmt_number(row["sqnr_db"]), fmt_number(row["local_sqnr_db"]), error,
-            fmt_share(row["clamped_share"]), sensitivity, fmt_latency(row.get("latency"))]  # fmt: skip
+    cells = [row["name"], row["op"], formats_text(row), role_bits(row, "weight"), role_bits(row, "data_in"),
+             fmt_number(row["bytes"]), fmt_number(row["sqnr_db"]), fmt_number(row["local_sqnr_db"]), error,
+             fmt_share(row["clamped_share"]), sensitivity, fmt_latency(row.get("latency"))]  # fmt: skip
+    if "grad_weight_sqnr_db" in row:
+        cells.append(fmt_number(row["grad_weight_sqnr_db"]))
+    return cells
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
@@ -158,9 +167,10 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
         console = console if console.is_terminal else Console(width=160)
     metric = report["summary"]["metric"]
     layers = Table(title="Quantization report")
-    kept = [index for index, column in enumerate(COLUMNS) if column != "formats"]  # formats: the role table
+    columns = layer_columns(report)
+    kept = [index for index, column in enumerate(columns) if column != "formats"]  # formats: the role table
     for index in kept:
-        layers.add_column(COLUMNS[index], justify="left" if index < 2 else "right", overflow="fold")
+        layers.add_column(columns[index], justify="left" if index < 2 else "right", overflow="fold")
     for row in report["layers"]:
         cells = layer_cells(row, metric)
         layers.add_row(*(cells[index] for index in kept))
