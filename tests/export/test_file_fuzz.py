@@ -41,10 +41,13 @@ def files(tmp_path_factory):
     return {name: path.read_bytes() for name, (_, path) in saved.items()}
 
 
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view(torch.uint8) if tensor.dtype.is_floating_point else tensor
+
+
 def same(a, b) -> bool:
     if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-            a.view(torch.uint8) if a.dtype.is_floating_point else a, b.view(torch.uint8) if b.dtype.is_floating_point else b)  # fmt: skip
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
     return same(a.codes, b.codes) and a.spec == b.spec and all(same(a.params[k], b.params[k]) for k in a.params)
 
 

@@ -1,5 +1,5 @@
-"""Fuzz of saved graph folders: a bit flipped in any byte (every other one, to stay fast) of any of the files is refused (GraphFileError
-naming the file), never loaded as another model."""
+"""Fuzz of saved graph folders: a bit flipped in any byte (every other one, to stay fast) of any of the
+files is refused (GraphFileError naming the file), never loaded as another model."""
 
 from __future__ import annotations
 

@@ -264,7 +264,8 @@ def _lowbit_header(raw: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _check_seal(data: bytes, size: int, recorded: Any, where: str) -> None:
     if not seal_matches(data, recorded, 8, 8 + size):
-        raise SerializationError(f"{where!r} is corrupt: its bytes do not match the SHA-256 checksum it was sealed with")
+        raise SerializationError(f"{where!r} is corrupt: its bytes do not match the SHA-256 checksum it was "
+                                 "sealed with")  # fmt: skip
 
 
 def _load_entry(name: str, entry: Any, tensors: dict[str, torch.Tensor]) -> torch.Tensor | QTensor:
