@@ -357,7 +357,8 @@ def _difference(original: nn.Module, rebuilt: nn.Module) -> str | None:
     ours, theirs = _registered(original), _registered(rebuilt)
     for name, value in vars(original).items():
         other = getattr(rebuilt, name, _MISSING)
-        if name not in _TORCH_STATE and not _same(_canonical(value, ours), _canonical(other, theirs)):
+        transient = name.startswith("_lowbit_")  # caches (nn.weight_cache): rebuilt on the first forward
+        if name not in _TORCH_STATE and not transient and not _same(_canonical(value, ours), _canonical(other, theirs)):
             return f"attribute {name!r} differs after a rebuild"
     for kind in ("_parameters", "_buffers"):  # tensors the constructor makes must be in the original
         own = getattr(original, kind)
