@@ -312,3 +312,14 @@ def test_registry_of_lowbit_ops_is_used():
     REAL_MODULES = ops.REAL_MODULES  # noqa: N806
 
     assert set(REAL_MODULES) <= set(real_module_classes())
+
+
+def test_empty_tensors_and_empty_files_round_trip(tmp_path):
+    tensors = {"e": torch.zeros(0), "x": torch.ones(2), "f": torch.zeros(0, 3, dtype=torch.int8),
+               "b": torch.tensor([True])}  # fmt: skip
+    lowbit.save(tensors, tmp_path / "e.safetensors")
+    back = lowbit.load(tmp_path / "e.safetensors")
+    assert back.keys() == tensors.keys() and all(same_bits(back[k].float(), tensors[k].float()) for k in tensors)
+    assert all(back[k].dtype == tensors[k].dtype and back[k].shape == tensors[k].shape for k in tensors)
+    lowbit.save({}, tmp_path / "none.safetensors")
+    assert lowbit.load(tmp_path / "none.safetensors") == {}
