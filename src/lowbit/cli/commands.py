@@ -98,7 +98,9 @@ def run_report(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {"sensitivity": args.sensitivity}
     if args.save_dir is not None:
         extra["save_dir"] = args.save_dir
-    config.passes = [(n, a) for n, a in config.passes if n != "quantization_report"] + [("quantization_report", extra)]
+    table = next((a for n, a in config.passes if n == "quantization_report"), {})  # the config's own keys stay
+    config.passes = [(n, a) for n, a in config.passes if n != "quantization_report"]
+    config.passes.append(("quantization_report", {**table, **extra}))
     result = transform(options, config)
     report_info = result["passes"]["quantization_report"]
     files = report_info.get("files") if isinstance(report_info, dict) else None
