@@ -435,3 +435,20 @@ def test_save_node_meta_param_pass(tmp_path):
     out = tmp_path / "meta.toml"
     assert save_node_meta_param_interface_pass(graph, {"save_path": str(out)}) == (graph, {})
     assert out.read_text() == '[_2.common]\nmase_op = "linear"\nx = "NA"\n'
+
+
+def test_forged_huge_module_is_refused_before_allocating(tmp_path, monkeypatch):
+    save_graph(_sequential(), tmp_path)
+    _edit(tmp_path / GRAPH_FILE, lambda doc: doc["modules"]["0"]["kwargs"].update(in_features=2**40))
+    real_empty = torch.empty
+
+    def guarded_empty(*size, **kwargs):  # nn.Linear allocates its weight with torch.empty
+        device = kwargs.get("device") or torch.get_default_device()  # meta inside `with torch.device("meta")`
+        shape = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        if torch.device(device).type != "meta" and torch.Size(shape).numel() > 10**8:
+            raise AssertionError(f"allocation of {shape} was attempted")
+        return real_empty(*size, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", guarded_empty)
+    with pytest.raises(LowbitError, match="expects"):
+        load_graph(tmp_path)

@@ -105,6 +105,7 @@ def load_graph(directory: str | os.PathLike, trust_pickle: bool = False) -> QGra
             _place_state(gm, state, doc["tensors"])
     else:
         with _about(directory / GRAPH_FILE):
+            _check_sizes(doc["modules"], state, doc["tensors"])
             tree = decode_modules(doc["modules"])
             _place_state(tree, state, doc["tensors"])
             gm = _assemble(tree, decode_nodes(doc["nodes"]), doc.get("class_name"))
@@ -349,6 +350,28 @@ def _unpickle(directory: Path, doc: dict[str, Any], data: bytes, trust_pickle: b
     if not isinstance(gm, fx.GraphModule) or [n.name for n in gm.graph.nodes] != doc.get("node_names"):
         raise GraphFileError(f"{path} does not hold the GraphModule that graph.json describes")
     return gm
+
+
+def _check_sizes(specs: Any, state: dict[str, torch.Tensor], table: Any) -> None:
+    """Build the modules on the meta device first: a constructor argument that makes a tensor of another shape
+    than the file holds (or one the file lacks) is refused before anything of that size is allocated."""
+    try:
+        with torch.device("meta"):
+            tree = decode_modules(specs)
+    except GraphFileError:
+        raise
+    except Exception:  # a constructor that cannot run on meta: the real build below reports its problem
+        return
+    table = table if isinstance(table, dict) else {}
+    for name, tensor, _ in _named_tensors(tree):
+        entry = table.get(name)
+        source = entry.get("same_as", name) if isinstance(entry, dict) else name
+        saved = state.get(source) if isinstance(source, str) else None
+        if saved is None:
+            raise GraphFileError(f"tensor {name!r} of the rebuilt model is missing from {STATE_FILE}")
+        if tuple(saved.shape) != tuple(tensor.shape):
+            raise GraphFileError(f"tensor {name!r} has shape {list(saved.shape)} in {STATE_FILE}, but the rebuilt "
+                                 f"module expects {list(tensor.shape)}")  # fmt: skip
 
 
 def _place_state(root: nn.Module, state: dict[str, torch.Tensor], table: Any) -> None:
