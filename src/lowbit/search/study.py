@@ -57,6 +57,9 @@ def _database(url: str, attempts: int = 20) -> Any:
     for attempt in range(attempts):
         try:
             return optuna().storages.RDBStorage(url, engine_kwargs=_engine_arguments(url))
+        except ImportError:
+            raise LowbitError(f"no database driver for the storage URL {url.split('@')[-1]!r}: install "
+                              "'lowbit[search]' (psycopg, for postgresql://) or the driver its dialect names") from None
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as error:
             if attempt == attempts - 1:
                 raise LowbitError(f"cannot open the study storage {url}: {error.orig}") from None
