@@ -33,9 +33,11 @@ import torch
 from torch import fx, nn
 
 from lowbit.config.toml_config import na_to_none
-from lowbit._io import atomic_directory, atomic_write_text, write_file
-from lowbit._io import PLACEHOLDER, seal_matches, sealed
+from lowbit._io import PLACEHOLDER, atomic_directory, atomic_write_text, sealed, write_file
 from lowbit.errors import LowbitError
+from lowbit.graph._graph_files import (
+    GRAPH_FILE, META_FILE, PICKLE_FILE, SCHEMA, STATE_FILE, VERSION, read_files,
+)  # fmt: skip
 from lowbit.graph._serialize import (
     GraphFileError, NotPortable, check_path, decode_modules, decode_nodes, encode_modules, encode_node,
     saveable_path,
@@ -45,8 +47,6 @@ from lowbit.graph.qgraph import GraphError, QGraph
 from lowbit.nn.functional import QUANT_FUNCTIONS
 from lowbit.nn.modules import QuantModule
 
-SCHEMA, VERSION = "lowbit.graph", 2  # 1: graph.json was not sealed; refused
-GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE = "graph.json", "state.safetensors", "node_meta.toml", "graph_module.pt"
 
 
 # ---- public API -----------------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def load_graph(directory: str | os.PathLike, trust_pickle: bool = False) -> QGra
     """The QGraph saved in ``directory`` (tensors on the CPU). Missing, corrupt or tampered files and
     non-allowlisted classes or functions raise GraphFileError (a LowbitError) naming the file."""
     directory = Path(directory)
-    doc, data = _read_files(directory)
+    doc, data = read_files(directory)
     with _about(directory / STATE_FILE):  # a safetensors error here means a bad header or sizes
         state = _require("safetensors.torch").load(data[STATE_FILE])
     if doc["format"] == "pickle":
@@ -283,56 +283,6 @@ def _about(path: Path) -> Iterator[None]:
         raise
     except Exception as error:  # anything else means the file's content is not what a save writes
         raise GraphFileError(f"{path} is malformed ({type(error).__name__}: {error})") from error
-
-
-def _read_files(directory: Path, attempts: int = 3) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """graph.json and the files it lists, checked. A save swapped in while they are read (the folder is
-    replaced whole, so files can come from two saves) makes the checksums disagree: read again."""
-    for attempt in range(attempts):
-        doc = _read_doc(directory / GRAPH_FILE)
-        try:
-            return doc, {name: _read_checked(directory / name, digest) for name, digest in doc["files"].items()}
-        except GraphFileError:
-            if attempt + 1 == attempts or _read_doc(directory / GRAPH_FILE) == doc:
-                raise  # the same save throughout: the files really are bad
-    raise AssertionError("unreachable")
-
-
-def _read_doc(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise GraphFileError(f"{path} is missing: {path.parent} is not a graph saved by lowbit's save_graph")
-    try:
-        blob = path.read_bytes()
-        doc = json.loads(blob)
-    except OSError as error:
-        raise GraphFileError(f"{path} cannot be read: {error.strerror or error}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise GraphFileError(f"{path} is not valid JSON (truncated or corrupted?): {error}") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise GraphFileError(f"{path} is not a lowbit graph file (schema must be {SCHEMA!r})")
-    if doc.get("version") == 1:
-        raise GraphFileError(f"{path} was saved by an earlier lowbit (version 1, graph.json not sealed): it cannot "
-                             "be verified, so this lowbit does not read it. Save the graph again")  # fmt: skip
-    if doc.get("version") != VERSION:
-        raise GraphFileError(f"{path} has schema version {doc.get('version')!r}; this lowbit reads version {VERSION}")
-    if not seal_matches(blob, doc.get("seal_sha256")):
-        raise GraphFileError(f"{path} is corrupt: its bytes do not match the SHA-256 checksum it was sealed with")
-    files, fmt = doc.get("files"), doc.get("format")
-    wanted = {STATE_FILE, META_FILE} | ({PICKLE_FILE} if fmt == "pickle" else set())
-    if fmt not in ("fx", "pickle") or not isinstance(files, dict) or set(files) != wanted:
-        raise GraphFileError(f"{path}: bad 'format' or 'files' entry (expected files: {', '.join(sorted(wanted))})")
-    return doc
-
-
-def _read_checked(path: Path, digest: Any) -> bytes:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise GraphFileError(f"{path} is missing (graph.json lists it)") from None
-    if hashlib.sha256(data).hexdigest() != digest:
-        raise GraphFileError(f"{path} does not match its checksum in graph.json: it is truncated, corrupted "
-                             "or from another save")  # fmt: skip
-    return data
 
 
 def _unpickle(directory: Path, doc: dict[str, Any], data: bytes, trust_pickle: bool) -> fx.GraphModule:

@@ -1,0 +1,66 @@
+"""The files of a saved graph folder and how a reader checks them (see :mod:`lowbit.graph.save_load`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from lowbit._io import seal_matches
+from lowbit.graph._serialize import GraphFileError
+
+SCHEMA, VERSION = "lowbit.graph", 2  # 1: graph.json was not sealed; refused
+GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE = "graph.json", "state.safetensors", "node_meta.toml", "graph_module.pt"
+
+
+def read_files(directory: Path, attempts: int = 3) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """graph.json and the files it lists, checked. A save swapped in while they are read (the folder is
+    replaced whole, so files can come from two saves) makes the checksums disagree: read again."""
+    for attempt in range(attempts):
+        doc = read_doc(directory / GRAPH_FILE)
+        try:
+            return doc, {name: read_checked(directory / name, digest) for name, digest in doc["files"].items()}
+        except GraphFileError:
+            if attempt + 1 == attempts or read_doc(directory / GRAPH_FILE) == doc:
+                raise  # the same save throughout: the files really are bad
+    raise AssertionError("unreachable")
+
+
+def read_doc(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise GraphFileError(f"{path} is missing: {path.parent} is not a graph saved by lowbit's save_graph")
+    try:
+        blob = path.read_bytes()
+        doc = json.loads(blob)
+    except OSError as error:
+        raise GraphFileError(f"{path} cannot be read: {error.strerror or error}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise GraphFileError(f"{path} is not valid JSON (truncated or corrupted?): {error}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise GraphFileError(f"{path} is not a lowbit graph file (schema must be {SCHEMA!r})")
+    if doc.get("version") == 1:
+        raise GraphFileError(f"{path} was saved by an earlier lowbit (version 1, graph.json not sealed): it cannot "
+                             "be verified, so this lowbit does not read it. Save the graph again")  # fmt: skip
+    if doc.get("version") != VERSION:
+        raise GraphFileError(f"{path} has schema version {doc.get('version')!r}; this lowbit reads version {VERSION}")
+    if not seal_matches(blob, doc.get("seal_sha256")):
+        raise GraphFileError(f"{path} is corrupt: its bytes do not match the SHA-256 checksum it was sealed with")
+    files, fmt = doc.get("files"), doc.get("format")
+    wanted = {STATE_FILE, META_FILE} | ({PICKLE_FILE} if fmt == "pickle" else set())
+    if fmt not in ("fx", "pickle") or not isinstance(files, dict) or set(files) != wanted:
+        raise GraphFileError(f"{path}: bad 'format' or 'files' entry (expected files: {', '.join(sorted(wanted))})")
+    return doc
+
+
+def read_checked(path: Path, digest: Any) -> bytes:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise GraphFileError(f"{path} is missing (graph.json lists it)") from None
+    except OSError as error:
+        raise GraphFileError(f"{path} cannot be read: {error.strerror or error}") from None
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise GraphFileError(f"{path} does not match its checksum in graph.json: it is truncated, corrupted "
+                             "or from another save")  # fmt: skip
+    return data
