@@ -182,9 +182,13 @@ def test_extra_files_are_published_with_the_graph(tmp_path):
     files = save_graph(graph(1.0), tmp_path / "g", extra_files={"run.json": b'{"model": "toy"}'})
     assert (tmp_path / "g" / "run.json").read_bytes() == b'{"model": "toy"}' and tmp_path / "g" / "run.json" in files
     assert saved_value(tmp_path / "g") == 1.0
+    (tmp_path / "g" / "module.json").write_text("{}")  # as a module-style save would have left
+    files = save_graph(graph(1.5), tmp_path / "g", extra_files={"module.json": None})
+    assert sorted(os.listdir(tmp_path / "g")) == sorted([GRAPH_FILE, META_FILE, STATE_FILE, "run.json"])  # kept
+    assert sorted(path.name for path in files) == sorted([GRAPH_FILE, META_FILE, STATE_FILE])
     from lowbit.graph.qgraph import GraphError
 
     for bad in ({GRAPH_FILE: b"x"}, {"a/b": b"x"}, {"run.json": "text"}):
         with pytest.raises(GraphError, match="extra_files"):
             save_graph(graph(2.0), tmp_path / "g", extra_files=bad)
-    assert saved_value(tmp_path / "g") == 1.0
+    assert saved_value(tmp_path / "g") == 1.5

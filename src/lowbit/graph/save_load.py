@@ -54,12 +54,13 @@ def save_graph(graph: QGraph | fx.GraphModule, directory: str | os.PathLike, *, 
                extra_files: Mapping[str, bytes] | None = None) -> list[Path]:  # fmt: skip
     """Write ``graph`` to ``directory``; returns the files written. Raises NotPortable naming the module /
     function that has no pickle-free form, unless ``allow_pickle`` lets it pickle the GraphModule instead.
-    ``extra_files`` (name -> bytes, e.g. a run description) are published in the same swap as the graph."""
+    ``extra_files`` (name -> bytes, e.g. a run description) are published in the same swap as the graph; a
+    name mapped to None is removed in that swap (a file of another kind of save that would shadow this one)."""
     extra = dict(extra_files or {})
     reserved = {GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE} & set(extra)
-    if reserved or any(not isinstance(data, bytes) or os.sep in name or name in ("", ".", "..")
+    if reserved or any(not isinstance(data, (bytes, type(None))) or os.sep in name or name in ("", ".", "..")
                        for name, data in extra.items()):  # fmt: skip
-        raise GraphError(f"extra_files must map plain file names (not {sorted(reserved)}) to bytes")
+        raise GraphError(f"extra_files must map plain file names (not {sorted(reserved)}) to bytes or None")
     gm, directory = _graph_module(graph), Path(directory)
     state, tensors = _collect_state(gm)
     # everything is serialized before the first write, so a failure leaves an earlier save intact
@@ -88,8 +89,9 @@ def save_graph(graph: QGraph | fx.GraphModule, directory: str | os.PathLike, *, 
     owned = (GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE, *extra)
     with atomic_directory(directory, owned=owned, last=GRAPH_FILE) as building:  # graph.json commits the save
         for name, data in {**extra, **payloads}.items():
-            write_file(building / name, data)
-    return [directory / name for name in (*payloads, *extra)]
+            if data is not None:
+                write_file(building / name, data)
+    return [directory / name for name in (*payloads, *extra) if extra.get(name, b"") is not None]
 
 
 def load_graph(directory: str | os.PathLike, trust_pickle: bool = False) -> QGraph:
