@@ -142,3 +142,10 @@ def test_verbosity_flags_before_and_after_the_command(lowbit_cli, tmp_path):
     assert status == 0 and "lowbit: debug: saving" in err
     status, _, err = lowbit_cli("transform", "-q", "--config", config)
     assert status == 0 and "debug" not in err and "quantize_model" not in err
+
+
+def test_relative_save_dir_is_relative_to_the_working_folder(lowbit_cli, tmp_path):
+    config = _config(tmp_path, TOY + QUANTIZE + "[passes.quantization_report]\nnum_batches = 1\nprint_table = false\n")
+    status, _, err = lowbit_cli("report", "--config", config, "--save-dir", "my_report", "--sensitivity", "false")
+    assert status == 0, err
+    assert (tmp_path / "my_report" / "report.html").is_file()  # the test runs in tmp_path

@@ -4,6 +4,7 @@ pipeline function called and its result shown."""
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from lowbit.config import RunConfig, check_option_value, load_run_config, merge_options
@@ -40,7 +41,6 @@ def resolve(args: argparse.Namespace, *, needs_config: bool = False) -> tuple[Ef
 
 def _check_config_file(path: str) -> None:
     """A config must be a regular file: reading a FIFO or a device could block forever."""
-    import os
     import stat
 
     try:
@@ -96,8 +96,8 @@ def run_report(args: argparse.Namespace) -> int:
 
     options, config = resolve(args, needs_config=True)
     extra: dict[str, Any] = {"sensitivity": args.sensitivity}
-    if args.save_dir is not None:
-        extra["save_dir"] = args.save_dir
+    if args.save_dir is not None:  # a command-line path is relative to where the command runs
+        extra["save_dir"] = os.path.abspath(args.save_dir)
     table = next((a for n, a in config.passes if n == "quantization_report"), {})  # the config's own keys stay
     config.passes = [(n, a) for n, a in config.passes if n != "quantization_report"]
     config.passes.append(("quantization_report", {**table, **extra}))
