@@ -22,6 +22,7 @@ CASES = {  # recipe table -> (class of fc1 after the pass, largest accuracy drop
     'recipe = "int4_weight_only"\nmethod = "gptq"\nnum_batches = 4\ngroup_size = 32': ("Int4WeightOnlyLinear", 6.0),
     'recipe = "w8a8_static"\nnum_batches = 4': ("W8A8StaticLinear", 2.0),
     'recipe = "mxfp4_e2m1"': ("QuantLinear", 10.0),
+    'recipe = "block_fp"\nparams = {width = 6}\nroles = ["data_in", "weight"]': ("QuantLinear", 10.0),
 }
 
 
@@ -69,6 +70,8 @@ def test_recipe_transform_save_reload_test(trained, table):
     cls, allowed_drop = CASES[table]
     reloaded = load_lowbit(root / project / "software" / "transform" / "transformed_ckpt")
     assert type(reloaded.fc1).__name__ == cls and type(reloaded.fc3).__name__ == cls
+    if "block_fp" in table:  # the format's parameters and roles came back with it
+        assert reloaded.fc1.formats.weight.width == 6 and reloaded.fc1.formats.bias is None
     assert metrics["samples"] == 270
     assert metrics["accuracy"] >= fp32 - allowed_drop / 100
 

@@ -28,7 +28,6 @@ REAL_RECIPES = ("int8_dynamic", "int8_weight_only", "int4_weight_only", "w8a8_st
 PIPELINE_KEYS = ("recipe", "num_batches")
 RUN_TIME_KEYS = ("calibration_data", "calibration")  # objects, never in a file
 FORMAT_ROLES = ("data_in", "weight", "bias", "data_out")
-FORMAT_OPS = ("linear", "conv1d", "conv2d")
 DEFAULT_BATCHES = 8
 
 # Options of each real recipe and the type each must have (checked before any work).
@@ -78,8 +77,7 @@ def check_quantize_model(args: dict[str, Any]) -> None:
                               f"valid keys: {', '.join(names)}")  # fmt: skip
         _check_type(where, key, value, valid[key])
     if kind == "format":
-        _format_pass_args(args)  # roles / params checked by building the configs
-        return
+        _check_roles(args)
     if args.get("method", "round") not in ("round", "gptq"):
         raise ConfigError(f"{where} method = {args['method']!r}{did_you_mean(str(args['method']), ['round', 'gptq'])}; "
                           "legal: round, gptq")  # fmt: skip
@@ -127,16 +125,12 @@ def needs_data(args: dict[str, Any]) -> bool:
     return recipe == "int4_weight_only" and args.get("num_batches") is not None
 
 
-def recipe_call(args: dict[str, Any]) -> tuple[str | dict, dict[str, Any]]:
-    """What :func:`lowbit.quantize_model` is given: (recipe or pass_args, options), data not included."""
-    if recipe_kind(args["recipe"]) == "format":
-        return _format_pass_args(args), {}
+def recipe_call(args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """What :func:`lowbit.quantize_model` is given: (recipe or format name, options), data not included."""
     return args["recipe"], {k: v for k, v in args.items() if k not in PIPELINE_KEYS}
 
 
-def _format_pass_args(args: dict[str, Any]) -> dict[str, Any]:
-    """MASE pass_args giving one format to the chosen roles of every Linear / Conv layer."""
-    name, params = args["recipe"], args.get("params", {})
+def _check_roles(args: dict[str, Any]) -> None:
     roles = args.get("roles", ["data_in", "weight", "bias"])
     roles = [roles] if isinstance(roles, str) else roles
     for role in roles:
@@ -145,11 +139,6 @@ def _format_pass_args(args: dict[str, Any]) -> dict[str, Any]:
                               f"roles: {', '.join(FORMAT_ROLES)}")  # fmt: skip
     if not {"data_in", "weight"} <= set(roles):
         raise ConfigError("[passes.quantize_model] roles must include data_in and weight (a Linear needs both)")
-    config = {"name": name}
-    for role in roles:
-        config[f"{role}_name"] = name
-        config.update({f"{role}_{key}": value for key, value in params.items()})
-    return {"by": "type", **{op: {"config": dict(config)} for op in FORMAT_OPS}}
 
 
 def saved_recipe(args: dict[str, Any]) -> dict[str, Any]:
@@ -162,9 +151,10 @@ def rebuild_structure(model: nn.Module, recipe: dict[str, Any]) -> nn.Module:
     layers a saved file's tensors then load into. Real modules are rebuilt by ``lowbit.load`` itself."""
     if recipe_kind(recipe["recipe"]) != "format":
         return model
-    from lowbit.graph import quantize_module_transform_pass
+    import lowbit
 
-    model, _ = quantize_module_transform_pass(model, _format_pass_args(recipe))
+    name, options = recipe_call(recipe)
+    model, _ = lowbit.quantize_model(model, name, **options)
     return model
 
 
