@@ -1,12 +1,13 @@
-"""lowbit search on the digits MLP: the Pareto front (validation accuracy vs bits per weight) against the
-uniform presets, and its hypervolume against random search and the sensitivity-guided start, each with the
-same trial budget.
+"""lowbit search on the digits MLP / CNN and MiniLM: the Pareto front (task metric vs bits per weight)
+against the uniform presets, and its hypervolume against random search and the sensitivity-guided start,
+each with the same trial budget.
 
 The MLP (64 -> 128 -> 64 -> 10) and the CNN (two 3x3 convs, one Linear) are trained here (Adam, 60 epochs,
 seed 0). The space: per Linear / Conv2d layer (by name), the weight in affine 2 / 3 / 4 / 6 / 8 bits per channel, ternary, block_fp 4 / 6 bits
 (default blocks), e4m3, mxfp4, mxfp8, and the input in affine 8 bits, e4m3, mxfp8 or mxfp4. Objectives:
-accuracy (maximize) and weight_bits (minimize); evaluation on the 270 validation samples. Hypervolume:
-area dominated up to (accuracy 0, 32 bits).
+accuracy (maximize) and weight_bits (minimize); evaluation on the 270 validation samples. MiniLM (run with
+HF_HUB_OFFLINE=1): its 37 Linear layers, mean cosine to fp32 of the first 64 test sentences of
+benchmarks/minilm.py's pydoc corpus. Hypervolume: area dominated up to (metric 0, 32 bits).
 
 Usage: python benchmarks/search.py [--trials 100] [--seeds 3] [--models digits_mlp digits_cnn] [--out FILE]
 """
@@ -23,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from lowbit.models import DigitsCNN, DigitsMLP  # noqa: E402
+from lowbit.models.sentences import help_text_sentences  # noqa: E402
 from lowbit.pipeline.catalog import get_split  # noqa: E402
 from lowbit.search import run_search  # noqa: E402
 from lowbit.search.front import hypervolume_2d  # noqa: E402
@@ -30,7 +32,7 @@ from machine import header_line  # noqa: E402
 
 CONFIG = """
 model = "MODEL"
-dataset = "digits"
+dataset = "DATASET"
 [search.search_space]
 name = "graph/quantize/mixed_precision_ptq"
 [search.search_space.setup]
@@ -46,19 +48,23 @@ affine = {bits = [8]}
 [search.strategy]
 name = "optuna"
 [search.strategy.sw_runner.basic_evaluation]
-num_samples = 1000
+num_samples = SAMPLES
 [search.strategy.setup]
 n_trials = 100
 sampler = "SAMPLER"
 seed = SEED
 sensitivity_start = SENSITIVITY
 [search.strategy.metrics]
-accuracy.direction = "maximize"
+METRIC.direction = "maximize"
 weight_bits.direction = "minimize"
 """
 
 
 def trained(name: str) -> torch.nn.Module:
+    if name == "minilm":
+        from lowbit.models.minilm import load_minilm
+
+        return load_minilm()[1]
     torch.manual_seed(0)
     model, data = (DigitsMLP() if name == "digits_mlp" else DigitsCNN()), get_split("digits", "train")
     x, y = data.tensors
@@ -74,21 +80,29 @@ def trained(name: str) -> torch.nn.Module:
 def run(name: str, model: torch.nn.Module, sampler: str, sensitivity: bool, trials: int, seed: int,
         folder: str) -> dict:  # fmt: skip
     text = CONFIG.replace("SAMPLER", sampler).replace("SENSITIVITY", "true" if sensitivity else "false")
-    text = text.replace("MODEL", name).replace("SEED", str(seed))
+    minilm = name == "minilm"
+    text = text.replace("MODEL", name).replace("SEED", str(seed)).replace("DATASET", "sentences" if minilm else "digits")
+    text = text.replace("METRIC", metric_of(name)).replace("SAMPLES", str(MINILM_SENTENCES if minilm else 1000))
     tag = f"{name}_{sampler}_{sensitivity}_{seed}"
     path = os.path.join(folder, f"{tag}.toml")
     with open(path, "w") as handle:
         handle.write(text)
     started = time.perf_counter()
-    result = run_search(path, os.path.join(folder, tag), n_trials=trials, model=model)
+    result = run_search(path, os.path.join(folder, tag), n_trials=trials, model=model,
+                        sentences=help_text_sentences()[:MINILM_SENTENCES] if minilm else None)  # fmt: skip
     result["seconds"] = time.perf_counter() - started
     return result
 
 
-def points(result: dict) -> list[tuple[float, float]]:
-    return [(r["metrics"]["accuracy"], r["metrics"]["weight_bits"]) for r in result["records"]]
+def metric_of(name: str) -> str:
+    return "mean_cosine" if name == "minilm" else "accuracy"
 
 
+def points(result: dict, metric: str) -> list[tuple[float, float]]:
+    return [(r["metrics"][metric], r["metrics"]["weight_bits"]) for r in result["records"]]
+
+
+MINILM_SENTENCES = 64  # default: the first 64 test sentences of benchmarks/minilm.py's pydoc corpus
 STRATEGIES = (("TPE", "tpe", False), ("random", "random", False), ("TPE + sensitivity start", "tpe", True))
 
 
@@ -97,8 +111,10 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--seeds", type=int, default=3, help="sampler seeds per strategy")
     parser.add_argument("--models", nargs="+", default=["digits_mlp", "digits_cnn"])
+    parser.add_argument("--sentences", type=int, default=MINILM_SENTENCES, help="MiniLM: test sentences evaluated")
     parser.add_argument("--out")
     args = parser.parse_args()
+    globals()["MINILM_SENTENCES"] = args.sentences
     torch.set_num_threads(1)
     lines = [header_line()]
     for name in args.models:
@@ -111,30 +127,31 @@ def main() -> None:
 
 
 def model_section(name: str, trials: int, seeds: int) -> list[str]:
-    model = trained(name)
-    lines = ["", f"### {name}: {trials} trials per run, sampler seeds 0..{seeds - 1}, accuracy on the validation split"]
+    model, metric = trained(name), metric_of(name)
+    where = f"mean cosine to fp32 on the first {MINILM_SENTENCES} pydoc test sentences" if name == "minilm" else "accuracy on the validation split"
+    lines = ["", f"### {name}: {trials} trials per run, sampler seeds 0..{seeds - 1}, {where}"]
     with tempfile.TemporaryDirectory() as folder:
         runs = {label: [run(name, model, sampler, sensitivity, trials, seed, folder) for seed in range(seeds)]
                 for label, sampler, sensitivity in STRATEGIES}  # fmt: skip
-    lines += ["", "| strategy | hypervolume per seed (acc x bits, ref 0 / 32) | mean | front sizes | seconds per run |",
+    lines += ["", "| strategy | hypervolume per seed (metric x bits, ref 0 / 32) | mean | front sizes | seconds per run |",
               "|---|---|---|---|---|"]  # fmt: skip
     for label, results in runs.items():
-        volumes = [hypervolume_2d(points(result), (0.0, 32.0)) for result in results]
+        volumes = [hypervolume_2d(points(result, metric), (0.0, 32.0)) for result in results]
         lines.append(f"| {label} | {' / '.join(f'{v:.3f}' for v in volumes)} | {sum(volumes) / len(volumes):.3f} | "
                      f"{' / '.join(str(len(r['front'])) for r in results)} | "
                      f"{sum(r['seconds'] for r in results) / len(results):.1f} |")  # fmt: skip
     best = runs["TPE"][0]
     uniform = best["uniform"]
-    lines += ["", "| uniform preset | accuracy | bits / weight | TPE (seed 0) front member beating it on both axes |",
+    lines += ["", f"| uniform preset | {metric} | bits / weight | TPE (seed 0) front member beating it on both axes |",
               "|---|---|---|---|"]  # fmt: skip
     for preset, metrics in uniform.items():
-        better = [r for r in best["front"] if r["metrics"]["accuracy"] >= metrics["accuracy"]
+        better = [r for r in best["front"] if r["metrics"][metric] >= metrics[metric]
                   and r["metrics"]["weight_bits"] < metrics["weight_bits"]]  # fmt: skip
-        top = max(better, key=lambda r: (r["metrics"]["accuracy"], -r["metrics"]["weight_bits"]), default=None)
-        cell = f"trial {top['number']}: {top['metrics']['accuracy']:.4f} at {top['metrics']['weight_bits']:.3f} bits" if top else "none"
-        lines.append(f"| {preset} | {metrics['accuracy']:.4f} | {metrics['weight_bits']:.3f} | {cell} |")
+        top = max(better, key=lambda r: (r["metrics"][metric], -r["metrics"]["weight_bits"]), default=None)
+        cell = f"trial {top['number']}: {top['metrics'][metric]:.4f} at {top['metrics']['weight_bits']:.3f} bits" if top else "none"
+        lines.append(f"| {preset} | {metrics[metric]:.4f} | {metrics['weight_bits']:.3f} | {cell} |")
     ordered = sorted(best["front"], key=lambda r: r["metrics"]["weight_bits"])
-    lines += ["", "TPE (seed 0) front: " + "; ".join(f"{r['metrics']['accuracy']:.4f} @ {r['metrics']['weight_bits']:.3f} b"
+    lines += ["", "TPE (seed 0) front: " + "; ".join(f"{r['metrics'][metric]:.4f} @ {r['metrics']['weight_bits']:.3f} b"
                                                     for r in ordered)]  # fmt: skip
     return lines
 

@@ -143,3 +143,16 @@ def test_hypervolume_2d():
     assert hypervolume_2d([(1.0, 2.0), (2.0, 5.0)], (0.0, 10.0)) == pytest.approx(2 * 5 + 1 * 3)
     assert hypervolume_2d([(1.0, 11.0)], (0.0, 10.0)) == 0.0
     assert math.isclose(hypervolume_2d([(1.0, 2.0), (0.5, 3.0)], (0.0, 10.0)), 8.0)
+
+
+def test_cli_search_with_two_workers(tmp_path):
+    config = write(tmp_path, TOY_MASE_STRINGS)
+    completed = subprocess.run([sys.executable, "-W", "ignore", "-m", "lowbit", "search", "--config", str(config),
+                                "--save-dir", str(tmp_path / "out"), "--n-trials", "2", "--workers", "2"],
+                               capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    assert "trials in study: 4 (this run added 4" in completed.stdout
+    trials = json.loads((tmp_path / "out" / "trials.json").read_text())
+    assert sorted(t["number"] for t in trials) == [0, 1, 2, 3]
+    page = (tmp_path / "out" / "search.html").read_text()
+    assert "data:image/png;base64," in page and "Pareto front" in page and "int4_g32" in page

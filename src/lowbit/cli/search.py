@@ -45,9 +45,10 @@ def run_search_command(args: argparse.Namespace) -> int:
     if failed:
         raise LowbitError(f"{len(failed)} search worker process(es) failed")
     if others:  # the front again, now with every worker's trials
-        result = result | run_search(args.config, args.save_dir, n_trials=None, storage=args.storage, sampler=args.sampler,
+        first = result["run"]
+        result = run_search(args.config, args.save_dir, n_trials=None, storage=args.storage, sampler=args.sampler,
                             worker=args.worker, only_outputs=True)  # fmt: skip
-        result["run"] = {**result["run"], "added": args.workers * (result["run"]["added"] or 0)}
+        result["run"] = {**first, "added": args.workers * first["added"]}
     if args.worker == 0:
         _show(result)
     return 0

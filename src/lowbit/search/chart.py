@@ -10,7 +10,7 @@ from lowbit._io import atomic_write_bytes
 
 
 def draw_chart(path: Path, records: list[dict[str, Any]], front: list[dict[str, Any]], references: dict[str, dict],
-               task_metric: str) -> Path:  # fmt: skip
+               task_metric: str, front_metrics: tuple[str, ...] = ()) -> Path:  # fmt: skip
     import io
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -24,8 +24,9 @@ def draw_chart(path: Path, records: list[dict[str, Any]], front: list[dict[str, 
         axes.scatter([r["metrics"][x_name] for r in records], [r["metrics"][task_metric] for r in records],
                      s=12, c="#9aa5b1", label=f"trials ({len(records)})")  # fmt: skip
         ordered = sorted(front, key=lambda r: r["metrics"][x_name])
-        axes.plot([r["metrics"][x_name] for r in ordered], [r["metrics"][task_metric] for r in ordered], "o-",
-                  c="#d1495b", ms=5, label=f"front ({len(front)})")  # fmt: skip
+        style = "o-" if x_name in front_metrics else "o"  # a staircase only on the front's own axes
+        axes.plot([r["metrics"][x_name] for r in ordered], [r["metrics"][task_metric] for r in ordered], style,
+                  c="#d1495b", ms=5, label=f"front over {', '.join(front_metrics)} ({len(front)})")  # fmt: skip
         for name, metrics in references.items():
             if x_name in metrics:
                 axes.scatter([metrics[x_name]], [metrics[task_metric]], marker="s", s=40, c="#00798c")

@@ -78,7 +78,10 @@ def _run(config: Any, save_dir: Any, n_trials: int | None, storage: str | None, 
     if search.sensitivity_start and not study.trials and not only_outputs:
         from lowbit.search.sensitivity import enqueue_sensitivity_start
 
-        enqueue_sensitivity_start(study, space, evaluator)
+        from lowbit.pipeline.progress import waiting
+
+        with waiting(f"sensitivity of {len(space.decisions)} decisions for the first trials"):
+            enqueue_sensitivity_start(study, space, evaluator)
     started = time.perf_counter()
     search.n_trials = 0 if only_outputs else search.n_trials
     if search.n_trials:
@@ -152,12 +155,21 @@ def _uniform_plan(space: SearchSpace, preset: str) -> dict[str, Any]:
 
 
 def _progress_callback(search: SearchConfig) -> Any:
+    """One line per trial (hidden by -q): trials done in this run, and the front so far in the first two
+    metrics (e.g. accuracy at bits)."""
+    from lowbit.pipeline.progress import note
+
+    directions = {name: direction for name, (_, direction) in search.metrics.items()}
+    shown = list(directions)[:2]
+    done = [0]
+
     def callback(study: Any, trial: Any) -> None:
-        records = completed_records(study)
-        directions = {name: direction for name, (_, direction) in search.metrics.items()}
-        front = pareto_front(records, directions)
-        best = ", ".join(f"{name}={r['metrics'][name]:.4g}" for r in front[:3] for name in directions)
-        log.warning("trial %d done (%d in study); front of %d: %s", trial.number, len(records), len(front), best)
+        done[0] += 1
+        front = pareto_front(completed_records(study), directions)
+        ordered = sorted(front, key=lambda r: r["metrics"][shown[-1]])
+        points = "; ".join(" @ ".join(f"{r['metrics'][name]:.4g}" for name in shown) for r in ordered[:8])
+        note(f"search: trial {trial.number} ({done[0]}/{search.n_trials} this run), front of {len(front)} "
+             f"({' @ '.join(shown)}): {points}{' ...' if len(ordered) > 8 else ''}")  # fmt: skip
 
     return callback
 
@@ -165,6 +177,7 @@ def _progress_callback(search: SearchConfig) -> Any:
 def _write_outputs(folder: Path, study: Any, search: SearchConfig, table: dict[str, Any],
                    references: dict[str, dict[str, float]], run: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     from lowbit.search.chart import draw_chart
+    from lowbit.search.page import write_page
 
     records = completed_records(study)
     directions = {name: direction for name, (_, direction) in search.metrics.items()}
@@ -177,9 +190,12 @@ def _write_outputs(folder: Path, study: Any, search: SearchConfig, table: dict[s
              "run": run}  # fmt: skip
     front_file = write_front(folder, front, options, extra)
     atomic_write_text(folder / "trials.json", json.dumps(records, indent=1, sort_keys=True))
-    chart = draw_chart(folder / "search.png", records, front, references, task_metric) if records else None
+    chart = draw_chart(folder / "search.png", records, front, references, task_metric,
+                       tuple(directions)) if records else None  # fmt: skip
+    page = write_page(folder / "search.html", chart.read_bytes() if chart else None, front, references,
+                      f"lowbit search: study {search.study_name}, {len(records)} trials")  # fmt: skip
     return {"study": study, "records": records, "front": front, "uniform": references, "folder": folder,
-            "files": [front_file, folder / "trials.json", *([chart] if chart else [])], "run": run}
+            "files": [front_file, folder / "trials.json", *([chart] if chart else []), page], "run": run}
 
 
 __all__ = ["load_search_config", "run_search"]
