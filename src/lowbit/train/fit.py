@@ -3,19 +3,29 @@ and leaves ``best.ckpt`` (lowest validation loss) and ``last.ckpt`` in the check
 
 The Lightning arguments accelerator / devices / num_nodes / strategy pass through unchanged, so
 ``strategy="ddp", devices=2, accelerator="cpu"`` trains in two processes on one machine (gloo), and the
-same call scales to GPUs and nodes. Lightning writes checkpoints through a temporary file, so a crash
-never leaves half a checkpoint.
+same call scales to GPUs and nodes. Checkpoints are written atomically with a checksum sidecar
+(:mod:`lowbit.train.sealed_io`).
+
+Across runs (:mod:`lowbit.train.run_folder`): a folder holding checkpoints is refused unless
+``options["resume"]`` (continue from ``last.ckpt`` through Lightning's ``ckpt_path``: epoch, global step,
+optimizer, schedule, the best score so far, the data order and the RNG states) or ``options["overwrite"]``.
+``devices`` is bounded by the cores / GPUs present, and DDP workers end with their launcher
+(:mod:`lowbit.train.workers`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import nn
+
+from lowbit.train.run_folder import is_launched_worker, prepare_run_folder
+from lowbit.train.workers import bind_to_launcher, check_devices, mark_launcher
 
 from lowbit.errors import ConfigError
 
@@ -44,11 +54,17 @@ def fit(model: nn.Module, options: Any, checkpoint_dir: str | Path, log_dir: str
 
     from lowbit.train.lightning_module import ClassifierModule, DataModule
     from lowbit.train.optimizer_state import check_low_precision
+    from lowbit.train.sealed_io import SealedCheckpointIO
 
     _quiet_lightning()
+    if is_launched_worker():
+        bind_to_launcher()  # a DDP worker: end with the launcher (SIGKILL / SIGTERM of it included)
     if options["task"] != "classification":
         raise ConfigError(f"training needs a classification task; {options['model']!r} is an {options['task']} model")
     check_low_precision(low_precision)
+    devices = _devices(options["devices"])
+    check_devices(devices, options["accelerator"])
+    resume_from = prepare_run_folder(checkpoint_dir, resume=_flag(options, "resume"), overwrite=_flag(options, "overwrite"))
     L.seed_everything(options["seed"], workers=True, verbose=False)
     module = ClassifierModule(model, learning_rate=options["learning_rate"], weight_decay=options["weight_decay"],
                               optimizer=options["training_optimizer"], max_epochs=options["max_epochs"],
@@ -60,20 +76,56 @@ def fit(model: nn.Module, options: Any, checkpoint_dir: str | Path, log_dir: str
                                  save_top_k=1, save_last=True, enable_version_counter=False)  # fmt: skip
     trainer = L.Trainer(
         max_epochs=options["max_epochs"], max_steps=options["max_steps"], accelerator=options["accelerator"],
-        devices=_devices(options["devices"]), num_nodes=options["num_nodes"], strategy=options["strategy"],
-        callbacks=[checkpoint], logger=CSVLogger(str(log_dir), name="", version=""),
+        devices=devices, num_nodes=options["num_nodes"], strategy=options["strategy"],
+        callbacks=[checkpoint], logger=CSVLogger(str(log_dir), name="", version=_log_version(log_dir, resume_from)),
         enable_progress_bar=options["progress"], enable_model_summary=False, deterministic=False,
         log_every_n_steps=options["log_every_n_steps"], accumulate_grad_batches=options["accumulate_grad_batches"],
-        precision=options["trainer_precision"],
+        precision=options["trainer_precision"], plugins=[SealedCheckpointIO()],
     )  # fmt: skip
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=".*number of training batches.*")
-        trainer.fit(module, datamodule=data)
+        warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")  # checked above
+        with _launching():
+            trainer.fit(module, datamodule=data, ckpt_path=None if resume_from is None else str(resume_from))
     metrics = {key: float(value) for key, value in trainer.callback_metrics.items()}
     best = Path(checkpoint.best_model_path) if checkpoint.best_model_path else None
     last = Path(checkpoint.last_model_path) if checkpoint.last_model_path else None
     return FitResult(best, last, metrics, trainer.is_global_zero, module)
+
+
+def _log_version(log_dir: str | Path, resume_from: Path | None) -> str:
+    """A fresh run logs to ``log_dir/metrics.csv``; a resumed one to ``log_dir/resumed-<n>/`` (nothing lost)."""
+    if resume_from is None:
+        return ""
+    number = 1
+    while (Path(log_dir) / f"resumed-{number}").exists():
+        number += 1
+    return f"resumed-{number}"
+
+
+def _flag(options: Any, name: str) -> bool:
+    try:
+        return bool(options[name])
+    except KeyError:
+        return False
+
+
+class _launching:
+    """The launcher's process id in the environment while training runs (its DDP workers inherit it)."""
+
+    def __enter__(self) -> None:
+        from lowbit.train.workers import LAUNCHER_VARIABLE
+
+        self.name, self.before = LAUNCHER_VARIABLE, os.environ.get(LAUNCHER_VARIABLE)
+        if not is_launched_worker():
+            mark_launcher()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.before is None:
+            os.environ.pop(self.name, None)
+        else:
+            os.environ[self.name] = self.before
 
 
 def _quiet_lightning() -> None:

@@ -52,6 +52,13 @@ class ClassifierModule(L.LightningModule):
     def test_step(self, batch: Any, batch_index: int) -> None:
         self._step(batch, "test")
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["lowbit_rng"] = rng_states()  # a resumed run continues the same random streams
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if isinstance(checkpoint.get("lowbit_rng"), dict):
+            set_rng_states(checkpoint["lowbit_rng"])
+
     def configure_optimizers(self):
         optimizer_class = OPTIMIZERS[self.optimizer_name]
         extra = {"momentum": 0.9} if self.optimizer_name == "sgd" else {}
@@ -59,6 +66,40 @@ class ClassifierModule(L.LightningModule):
         optimizer = wrap_optimizer(optimizer, self.low_precision, self.low_precision_seed)
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, self.t_max), eta_min=self.eta_min)
         return {"optimizer": optimizer, "lr_scheduler": schedule}
+
+
+def rng_states() -> dict[str, Any]:
+    import random
+
+    import numpy
+
+    kind, keys, position, has_gauss, gauss = numpy.random.get_state()  # plain values: weights_only loads them
+    numpy_state = [kind, torch.from_numpy(keys.astype("int64")), int(position), int(has_gauss), float(gauss)]
+    states = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    import random
+
+    import numpy
+
+    if "python" in states:
+        random.setstate(_as_python_state(states["python"]))
+    if "numpy" in states:
+        kind, keys, position, has_gauss, gauss = states["numpy"]
+        numpy.random.set_state((kind, keys.numpy().astype("uint32"), position, has_gauss, gauss))
+    if isinstance(states.get("torch"), torch.Tensor):
+        torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _as_python_state(state: Any) -> tuple:
+    version, internal, gauss = state  # a checkpoint round trip may turn the tuples into lists
+    return (version, tuple(internal), gauss)
 
 
 class DataModule(L.LightningDataModule):
@@ -71,12 +112,28 @@ class DataModule(L.LightningDataModule):
         self.dataset, self.batch_size, self.seed, self.num_workers = dataset, batch_size, seed, num_workers
         self.make_loader = make_loader
 
+        self.shuffle_generator: torch.Generator | None = None  # the training order's random stream
+        self.restored_shuffle_state: torch.Tensor | None = None
+
     def _loader(self, split: str, shuffle: bool = False):
         return self.make_loader(self.dataset, split, self.batch_size, shuffle=shuffle, seed=self.seed,
                            num_workers=self.num_workers)  # fmt: skip
 
     def train_dataloader(self):
-        return self._loader("train", shuffle=True)
+        loader = self._loader("train", shuffle=True)
+        self.shuffle_generator = getattr(loader, "generator", None)
+        if self.shuffle_generator is not None and self.restored_shuffle_state is not None:
+            self.shuffle_generator.set_state(self.restored_shuffle_state)  # resumed: the next epoch's order
+        return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in each checkpoint: where the training order's random stream stands."""
+        generator = self.shuffle_generator
+        return {} if generator is None else {"shuffle_generator": generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if isinstance(state.get("shuffle_generator"), torch.Tensor):
+            self.restored_shuffle_state = state["shuffle_generator"]
 
     def val_dataloader(self):
         return self._loader("validation")

@@ -1,0 +1,81 @@
+"""Checksum sidecars: ``<file>.sha256`` beside a file that cannot hold its own seal (a Lightning / torch
+checkpoint). The sidecar is JSON, ``{"schema": "lowbit.checksum", "version": 1, "sha256": [...]}``: the
+digests the file may have. :func:`write_with_sidecar` lists the new digest and the old one while the file
+is being replaced, then the new one alone, so a crash at any moment leaves a file whose digest is listed.
+
+:func:`verify_sidecar` raises FormatError naming the file on a mismatch; a file without a sidecar (written
+by another tool or an older lowbit) is reported as ``False`` so the caller can warn and go on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from lowbit._io import atomic_write_bytes, atomic_write_text
+from lowbit.errors import FormatError
+
+SCHEMA, VERSION, SUFFIX = "lowbit.checksum", 1, ".sha256"
+
+
+def sidecar_of(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + SUFFIX)
+
+
+def digest_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_with_sidecar(path: str | os.PathLike, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and keep its sidecar true at every moment."""
+    path = Path(path)
+    new = hashlib.sha256(data).hexdigest()
+    old = _listed(path) if path.exists() else []
+    _write_sidecar(path, [new, *old[:1]])
+    atomic_write_bytes(path, data)
+    _write_sidecar(path, [new])
+
+
+def write_sidecar_for(path: str | os.PathLike) -> None:
+    """A sidecar for a file already in place (written by someone else, e.g. Lightning)."""
+    _write_sidecar(Path(path), [digest_file(path)])
+
+
+def _write_sidecar(path: Path, digests: list[str]) -> None:
+    doc = {"schema": SCHEMA, "version": VERSION, "file": path.name, "sha256": digests}
+    atomic_write_text(sidecar_of(path), json.dumps(doc) + "\n")
+
+
+def _listed(path: Path) -> list[str]:
+    sidecar = sidecar_of(path)
+    try:
+        doc = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return []
+    digests = doc.get("sha256") if isinstance(doc, dict) and doc.get("schema") == SCHEMA else None
+    return [d for d in digests if isinstance(d, str)] if isinstance(digests, list) else []
+
+
+def verify_sidecar(path: str | os.PathLike) -> bool:
+    """True when ``path`` matches its sidecar; False when it has none; FormatError when they differ (or the
+    sidecar itself is damaged)."""
+    path = Path(path)
+    sidecar = sidecar_of(path)
+    if not sidecar.exists():
+        return False
+    listed = _listed(path)
+    if not listed:
+        raise FormatError(f"{sidecar} is damaged (not a lowbit checksum file): cannot check {path}")
+    if digest_file(path) not in listed:
+        raise FormatError(f"{path} does not match its checksum ({sidecar.name}): the file is corrupt or was changed")
+    return True
+
+
+__all__ = ["digest_file", "sidecar_of", "verify_sidecar", "write_sidecar_for", "write_with_sidecar"]

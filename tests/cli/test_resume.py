@@ -1,0 +1,104 @@
+"""Training resume and the project folder across runs: ``--resume`` continues from last.ckpt (epoch, optimizer,
+schedule, data order) to the same weights as an uninterrupted run; a folder holding checkpoints is refused
+without --resume / --overwrite; --overwrite keeps the previous best; a bit-flipped last.ckpt is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lowbit.cli import main
+
+pytest.importorskip("lightning")
+COMMON = ["train", "toy", "toy_tiny", "--accelerator", "cpu", "--t-max", "2", "--no-progress", "--print-config", "false"]
+
+
+def _train(root, project, *extra) -> int:
+    return main([*COMMON, "--project-dir", str(root), "--project", project, *extra])
+
+
+def _checkpoints(root, project):
+    return root / project / "software" / "training_ckpts"
+
+
+def _load(path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One uninterrupted 2-epoch run, and one stopped after epoch 1 then resumed to epoch 2."""
+    root = tmp_path_factory.mktemp("resume")
+    assert _train(root, "whole", "--max-epochs", "2") == 0
+    assert _train(root, "parts", "--max-epochs", "1") == 0
+    first = _load(_checkpoints(root, "parts") / "last.ckpt")
+    assert _train(root, "parts", "--max-epochs", "2", "--resume") == 0
+    return root, first
+
+
+def test_resume_continues_at_the_next_epoch_with_the_optimizer_state(runs):
+    root, first = runs
+    assert first["epoch"] == 0 and first["optimizer_states"][0]["state"]  # Adam's moments were saved
+    whole, parts = _load(_checkpoints(root, "whole") / "last.ckpt"), _load(_checkpoints(root, "parts") / "last.ckpt")
+    assert parts["epoch"] == whole["epoch"] == 1
+    assert parts["global_step"] == whole["global_step"] == 2 * first["global_step"]
+    assert parts["lr_schedulers"][0]["last_epoch"] == whole["lr_schedulers"][0]["last_epoch"] == 2
+    for key, value in whole["state_dict"].items():  # seeded data order: bit-identical weights
+        assert torch.equal(parts["state_dict"][key], value), key
+    for (_, a), (_, b) in zip(sorted(whole["optimizer_states"][0]["state"].items()),
+                              sorted(parts["optimizer_states"][0]["state"].items())):  # fmt: skip
+        assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+
+
+def test_a_fresh_run_that_stops_early_differs(runs):
+    """Guards the test above: restarting at epoch 0 (the old --load behaviour) would not match."""
+    root, first = runs
+    whole = _load(_checkpoints(root, "whole") / "last.ckpt")
+    assert any(not torch.equal(first["state_dict"][key], value) for key, value in whole["state_dict"].items())
+
+
+def test_a_project_with_checkpoints_is_refused(runs, capsys):
+    root, _ = runs
+    before = (_checkpoints(root, "whole") / "best.ckpt").read_bytes()
+    capsys.readouterr()
+    assert _train(root, "whole", "--max-epochs", "1") == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "--resume" in error and "--overwrite" in error
+    assert (_checkpoints(root, "whole") / "best.ckpt").read_bytes() == before
+
+
+def test_resume_without_a_last_checkpoint_and_both_flags_are_refused(tmp_path, capsys):
+    assert _train(tmp_path, "none", "--max-epochs", "1", "--resume") == 2
+    assert "nothing to resume" in capsys.readouterr().err
+    assert _train(tmp_path, "none", "--max-epochs", "1", "--resume", "--overwrite") == 2
+    assert "contradict" in capsys.readouterr().err
+
+
+def test_a_bit_flipped_last_checkpoint_is_refused_naming_it(runs, capsys, tmp_path):
+    root, _ = runs
+    import shutil
+
+    shutil.copytree(_checkpoints(root, "whole"), _checkpoints(tmp_path, "flip"))
+    last = _checkpoints(tmp_path, "flip") / "last.ckpt"
+    data = bytearray(last.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    last.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert _train(tmp_path, "flip", "--max-epochs", "3", "--resume") == 2
+    error = capsys.readouterr().err
+    assert "last.ckpt" in error and "checksum" in error
+
+
+def test_overwrite_keeps_the_previous_best(runs, tmp_path):
+    root, _ = runs
+    import shutil
+
+    shutil.copytree(_checkpoints(root, "whole"), _checkpoints(tmp_path, "again"))
+    previous = (_checkpoints(tmp_path, "again") / "best.ckpt").read_bytes()
+    assert _train(tmp_path, "again", "--max-epochs", "1", "--overwrite") == 0
+    folder = _checkpoints(tmp_path, "again")
+    assert (folder / "best.previous.ckpt").read_bytes() == previous
+    assert json.loads((folder / "best.previous.ckpt.sha256").read_text())["sha256"]
+    assert _load(folder / "last.ckpt")["epoch"] == 0  # a fresh start, not a continuation
