@@ -129,6 +129,8 @@ def test_config_errors_are_config_errors(tmp_path):
     bad_metric = TOY_MASE.replace("accuracy.scale", "acuracy.scale").replace("accuracy.direction", "acuracy.direction")
     with pytest.raises(ConfigError, match="did you mean 'accuracy'"):
         run_search(write(tmp_path, bad_metric), tmp_path / "out")
+    with pytest.raises(ConfigError, match="optuna only"):  # MASE's rl strategy, with its own keys
+        run_search(write(tmp_path, TOY_MASE.replace('name = "optuna"', 'name = "rl"\nalgorithm = "ppo"'), "r.toml"))
     bad_format = DIGITS_ROLES.replace('"e4m3"]', '"e4m4"]')
     with pytest.raises(ConfigError):
         run_search(write(tmp_path, bad_format, "b.toml"), tmp_path / "out")

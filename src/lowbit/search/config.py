@@ -105,10 +105,10 @@ def parse_search(table: Any, where: str = "config") -> SearchConfig:
 
 
 def _strategy(config: SearchConfig, strategy: dict[str, Any], where: str) -> None:
-    _known(strategy, _STRATEGY_KEYS, "search.strategy", where)
     if strategy.get("name", "optuna") != "optuna":
         raise ConfigError(f"{where}: search.strategy.name = {strategy['name']!r}: lowbit searches with optuna only "
                           "(MASE's rl / ea strategies are not supported)")  # fmt: skip
+    _known(strategy, _STRATEGY_KEYS, "search.strategy", where)
     sw = _runner(strategy, "sw_runner", "basic_evaluation", where)
     config.data_loader = str(sw.get("data_loader", strategy.get("data_loader", config.data_loader)))
     if config.data_loader not in ("val_dataloader", "test_dataloader", "train_dataloader"):
