@@ -43,7 +43,8 @@ SAMPLERS = ("tpe", "nsga2", "random", "grid")
 BY = ("name", "type", "regex")
 DEFAULT_OPS = ("linear", "conv1d", "conv2d", "relu")
 SW_METRICS = ("accuracy", "loss", "mean_cosine", "min_cosine")
-HW_METRICS = ("average_bitwidth", "memory_density", "weight_bits", "activation_bits", "model_bytes", "cost")
+HW_METRICS = ("average_bitwidth", "memory_density", "weight_bits", "activation_bits", "model_bytes", "cost",
+              "latency_ms")
 METRICS = SW_METRICS + HW_METRICS
 _SPACE_KEYS = ("name", "setup", "seed", "presets", "skip")
 _SPACE_SETUP_KEYS = ("by", "ops", "skip")

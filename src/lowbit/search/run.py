@@ -68,8 +68,15 @@ def _run(config: Any, save_dir: Any, n_trials: int | None, storage: str | None, 
     cost_table = load_cost_table(search.cost_table, path.parent if path else None)
     costs = CostModel(root, geometry, list(space.layers), search.compare_to, cost_table)
 
+    latency = None
+    if "latency_ms" in search.metrics:
+        from lowbit.search.latency import LatencyModel
+
+        latency = LatencyModel(evaluator, {name: geometry[name] for name in space.layers})
+
     def measure(plan: dict[str, Any]) -> dict[str, float]:
-        return {**evaluator.evaluate(plan), **costs.measure(plan)}
+        metrics = {**evaluator.evaluate(plan), **costs.measure(plan)}
+        return {**metrics, **latency.measure(plan)} if latency is not None else metrics
 
     study_storage = make_storage(search.storage, folder)
     study = open_study(search, study_storage, None)

@@ -35,11 +35,13 @@ from lowbit.nn.roles import RoleFormats
 from lowbit.search.config import SearchConfig
 
 _INT8_ACT = {"name": "affine", "bits": 8}
-# The uniform reference points (and ``choices`` names): weights and inputs of every searched layer.
+# The uniform reference points (and ``choices`` names): weights and inputs of every searched layer. int8
+# (symmetric per-channel weights, dynamic per-tensor inputs) and int4_g32 (weight-only, groups of 32) are
+# the formats lowbit's real int8-dynamic and int4 kernels compute.
 PRESETS: dict[str, dict[str, Any]] = {
     "fp32": {},
-    "int8": {"weight": {"name": "affine", "bits": 8, "axis": 0}, "data_in": _INT8_ACT},
-    "int4_g32": {"weight": {"name": "affine", "bits": 4, "block_size": [1, 32]}, "data_in": _INT8_ACT},
+    "int8": {"weight": {"name": "affine", "bits": 8, "axis": 0, "symmetric": True}, "data_in": _INT8_ACT},
+    "int4_g32": {"weight": {"name": "affine", "bits": 4, "block_size": [1, 32], "symmetric": True}},
     "mxfp8": {"weight": {"name": "mxfp8_e4m3"}, "data_in": {"name": "mxfp8_e4m3"}},
     "mxfp4": {"weight": {"name": "mxfp4_e2m1"}, "data_in": {"name": "mxfp4_e2m1"}},
     "fp8": {"weight": {"name": "e4m3"}, "data_in": {"name": "e4m3"}},
