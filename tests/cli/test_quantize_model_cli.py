@@ -130,3 +130,26 @@ def test_bad_quantize_model_tables(lowbit_cli, tmp_path, table, expected):
     assert status == 2 and len(lines) == 1 and lines[0].startswith("lowbit: error: "), err
     assert expected in lines[0]
     assert not list(tmp_path.rglob("transformed_ckpt"))
+
+
+def test_real_model_exports_to_onnx_and_safetensors(trained, tmp_path):
+    """A w8a8_static folder from the pass: lowbit export writes an ONNX model that onnxruntime runs with the
+    reloaded model's predictions, and a lowbit.save file that loads back into the float architecture."""
+    onnxruntime = pytest.importorskip("onnxruntime", reason="the export extra is not installed")
+    import lowbit
+    from lowbit.datasets import get_dataset
+
+    root, _ = trained
+    _transform_and_test(root, 'recipe = "w8a8_static"\nnum_batches = 2', "export")
+    folder = root / "export" / "software" / "transform" / "transformed_ckpt"
+    onnx_path, file_path = tmp_path / "m.onnx", tmp_path / "m.safetensors"
+    assert main(["export", "--load", str(folder), "--onnx", str(onnx_path), "--safetensors", str(file_path)]) == 0
+    x = get_dataset("digits", "test").tensors[0]
+    reloaded = load_lowbit(folder).eval()
+    session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    (theirs,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        ours = reloaded(x)
+        again = lowbit.load(file_path, model=DigitsMLP()).eval()(x)
+    assert torch.equal(ours, again)
+    assert (theirs.argmax(1) == ours.argmax(1).numpy()).mean() >= 0.97
