@@ -149,3 +149,4 @@ def test_relative_save_dir_is_relative_to_the_working_folder(lowbit_cli, tmp_pat
     status, _, err = lowbit_cli("report", "--config", config, "--save-dir", "my_report", "--sensitivity", "false")
     assert status == 0, err
     assert (tmp_path / "my_report" / "report.html").is_file()  # the test runs in tmp_path
+    assert "lowbit: quantization report on 1 test batch, without sensitivity ..." in err

@@ -10,7 +10,7 @@ from torch import nn
 
 from lowbit.errors import LowbitError
 from lowbit.pipeline.catalog import make_loader
-from lowbit.pipeline.progress import progress
+from lowbit.pipeline.progress import progress, waiting
 
 
 @torch.no_grad()
@@ -39,9 +39,10 @@ def _embedding_metrics(model: nn.Module) -> dict[str, float]:
     from lowbit.models.minilm import embed, load_minilm
     from lowbit.models.sentences import SENTENCES
 
-    tokenizer, reference = load_minilm()
-    sentences = list(SENTENCES)
-    cosine = (embed(model.eval(), tokenizer, sentences) * embed(reference, tokenizer, sentences)).sum(-1)
+    with waiting("embedding the test sentences with the model and with fp32 MiniLM", slow=False):
+        tokenizer, reference = load_minilm()
+        sentences = list(SENTENCES)
+        cosine = (embed(model.eval(), tokenizer, sentences) * embed(reference, tokenizer, sentences)).sum(-1)
     return {"mean_cosine": float(cosine.mean()), "min_cosine": float(cosine.min()), "samples": len(sentences)}
 
 

@@ -186,7 +186,12 @@ def _quantization_report(run: TransformRun, args: dict[str, Any]) -> Any:
                  **options}  # fmt: skip
     if run.options["task"] == "classification":
         pass_args["labels"] = [batch[1] for batch in batches]
-    _, info = quantization_report_analysis_pass(run.model, pass_args)
+    from lowbit.pipeline.progress import waiting
+
+    what = "with per-layer sensitivity" if pass_args.get("sensitivity", True) else "without sensitivity"
+    count = f"{len(batches)} test batch{'' if len(batches) == 1 else 'es'}"
+    with waiting(f"quantization report on {count}, {what}"):
+        _, info = quantization_report_analysis_pass(run.model, pass_args)
     return {**info, "files": [str(save_dir / "report.json"), str(save_dir / "report.html")]}
 
 
