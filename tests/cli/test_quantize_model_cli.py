@@ -153,3 +153,12 @@ def test_real_model_exports_to_onnx_and_safetensors(trained, tmp_path):
         again = lowbit.load(file_path, model=DigitsMLP()).eval()(x)
     assert torch.equal(ours, again)
     assert (theirs.argmax(1) == ours.argmax(1).numpy()).mean() >= 0.97
+
+
+def test_training_a_real_quantized_model_is_refused(trained, lowbit_cli):
+    root, _ = trained
+    _transform_and_test(root, 'recipe = "int8_weight_only"', "refuse")
+    folder = root / "refuse" / "software" / "transform" / "transformed_ckpt"
+    status, _, err = lowbit_cli("train", "digits_mlp", "digits", "--load", str(folder), "--max-epochs", "1")
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert "holds real-quantized layers (fc1, ...), which cannot be trained" in err

@@ -69,6 +69,7 @@ def train(options: Any, low_precision_optimizer: dict[str, Any] | None = None) -
 
     check_training_options(options)
     model = load_model(options)
+    _refuse_real_layers(model, options)
     root = software_dir(options)
     result = fit(model, options, root / "training_ckpts", root / "logs", low_precision_optimizer,
                  make_loader=make_loader)  # fmt: skip
@@ -102,6 +103,17 @@ def check_training_options(options: Any) -> None:
         raise ConfigError(f"accelerator {accelerator!r}: no CUDA GPU is available here (use --accelerator cpu or auto)")
     if accelerator == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("accelerator 'mps': Apple's MPS is not available here (use --accelerator cpu or auto)")
+
+
+def _refuse_real_layers(model: nn.Module, options: Any) -> None:
+    """Real int8 / int4 layers hold integer codes, not trainable weights: QAT needs simulated layers."""
+    from lowbit.ops import REAL_MODULES
+
+    real = [name for name, module in model.named_modules() if isinstance(module, tuple(REAL_MODULES.values()))]
+    if real:
+        raise ConfigError(f"{options['load']} holds real-quantized layers ({real[0]}{', ...' if len(real) > 1 else ''}), "
+                          "which cannot be trained; train the float model, or a simulated one (quantization-aware "
+                          "training), and convert after")  # fmt: skip
 
 
 def _is_transformed(model: nn.Module) -> bool:
