@@ -162,7 +162,8 @@ def test_cli_search_with_two_workers(tmp_path):
 
 def test_latency_cost_uses_the_real_kernel_where_one_computes_the_formats(tmp_path):
     config = DIGITS_PRESETS.replace('choices = ["int8", "mxfp4"]', 'choices = ["int8", "int4_g32", "mxfp4"]')
-    config = config.replace('cost.direction = "minimize"', 'latency_ms.direction = "minimize"').replace("n_trials = 2", "n_trials = 3")
+    config = config.replace('cost.direction = "minimize"', 'latency_ms.direction = "minimize"')
+    config = config.replace("n_trials = 2", "n_trials = 3")
     result = run_search(write(tmp_path, config), tmp_path / "out")
     by_choice = {r["params"]["linear/choice"]: r["metrics"] for r in result["records"]}
     # int8 (dynamic) and int4 g32 (weight-only) have real kernels for all three Linear layers; mxfp4 runs float

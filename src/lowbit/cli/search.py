@@ -40,7 +40,8 @@ def run_search_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers must be a positive integer, got {args.workers}")
     others = [_start_worker(args, index) for index in range(1, args.workers)]
     result = run_search(args.config, args.save_dir, n_trials=args.n_trials, storage=args.storage,
-                        sampler=args.sampler, worker=args.worker, progress=not getattr(args, "quiet", False))  # fmt: skip
+                        sampler=args.sampler, worker=args.worker,
+                        progress=not getattr(args, "quiet", False))  # fmt: skip
     failed = [process.args for process in others if process.wait() != 0]
     if failed:
         raise LowbitError(f"{len(failed)} search worker process(es) failed")

@@ -77,31 +77,38 @@ class CostModel:
         self.other_bytes = sum(p.numel() * p.element_size() for n, p in root.named_parameters() if n not in swapped)
 
     def measure(self, plan: dict[str, RoleFormats | None]) -> dict[str, float]:
-        weight_bits = weight_count = act_bits = act_count = 0.0
-        searched_weight_bits = searched_weight_count = 0.0
-        model_bytes, cost = self.other_bytes, 0.0
-        for name, g in self.geometry.items():
-            formats = plan.get(name)
-            spec = lambda role: getattr(formats, role) if formats is not None else None  # noqa: E731
-            if g.weight_shape is not None:
-                bits, count = storage_bits_per_element(spec("weight"), g.weight_shape), math.prod(g.weight_shape)
-                weight_bits, weight_count = weight_bits + bits * count, weight_count + count
-                model_bytes += storage_bytes(bits, count)
-                if g.bias_shape is not None:
-                    model_bytes += storage_bytes(storage_bits_per_element(spec("bias"), g.bias_shape), g.bias_shape[0])
-                if name in self.searched:
-                    searched_weight_bits, searched_weight_count = searched_weight_bits + bits * count, searched_weight_count + count
-                cost += self._cost(g, spec("weight"))
-            if name in self.searched and g.input_shape is not None:
-                count = math.prod(g.input_shape)
-                act_bits, act_count = act_bits + storage_bits_per_element(spec("data_in"), g.input_shape) * count, act_count + count
-        average = (searched_weight_bits + act_bits) / max(searched_weight_count + act_count, 1)
-        metrics = {"weight_bits": weight_bits / max(weight_count, 1), "activation_bits": act_bits / max(act_count, 1),
-                   "average_bitwidth": average, "memory_density": self.compare_to / average,
-                   "model_bytes": float(model_bytes)}  # fmt: skip
+        sums = dict.fromkeys(("weight_bits", "weights", "searched_bits", "searched_weights", "input_bits", "inputs",
+                              "bytes", "cost"), 0.0)  # fmt: skip
+        sums["bytes"] = float(self.other_bytes)
+        for name, geometry in self.geometry.items():
+            formats = plan.get(name) or RoleFormats()
+            if geometry.weight_shape is not None:
+                self._add_weights(sums, geometry, formats, name in self.searched)
+            if name in self.searched and geometry.input_shape is not None:
+                count = math.prod(geometry.input_shape)
+                sums["input_bits"] += storage_bits_per_element(formats.data_in, geometry.input_shape) * count
+                sums["inputs"] += count
+        average = (sums["searched_bits"] + sums["input_bits"]) / max(sums["searched_weights"] + sums["inputs"], 1)
+        metrics = {"weight_bits": sums["weight_bits"] / max(sums["weights"], 1),
+                   "activation_bits": sums["input_bits"] / max(sums["inputs"], 1), "average_bitwidth": average,
+                   "memory_density": self.compare_to / average, "model_bytes": sums["bytes"]}  # fmt: skip
         if self.table is not None:
-            metrics["cost"] = cost
+            metrics["cost"] = sums["cost"]
         return metrics
+
+    def _add_weights(self, sums: dict[str, float], geometry: LayerGeometry, formats: RoleFormats,
+                     searched: bool) -> None:  # fmt: skip
+        bits, count = storage_bits_per_element(formats.weight, geometry.weight_shape), math.prod(geometry.weight_shape)
+        sums["weight_bits"] += bits * count
+        sums["weights"] += count
+        sums["bytes"] += storage_bytes(bits, count)
+        if geometry.bias_shape is not None:
+            bias_bits = storage_bits_per_element(formats.bias, geometry.bias_shape)
+            sums["bytes"] += storage_bytes(bias_bits, geometry.bias_shape[0])
+        if searched:
+            sums["searched_bits"] += bits * count
+            sums["searched_weights"] += count
+        sums["cost"] += self._cost(geometry, formats.weight)
 
     def _cost(self, geometry: LayerGeometry, spec: Any) -> float:
         if self.table is None:
@@ -130,9 +137,13 @@ def load_cost_table(value: Any, base: Path | None = None) -> dict[str, dict[str,
     if not isinstance(value, dict):
         raise ConfigError(f"cost_table must be a TOML file or a table, got {value!r}")
     for op, row in value.items():
-        if not isinstance(row, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in row.values()):
+        if not isinstance(row, dict) or not all(_is_number(v) for v in row.values()):
             raise ConfigError(f"cost table [{op}] must map format names to numbers (cost per MAC)")
     return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 __all__ = ["CostModel", "LayerGeometry", "load_cost_table", "record_geometry"]

@@ -153,11 +153,12 @@ def _evaluator(root: torch.nn.Module, options: Any, search: SearchConfig, senten
 
 
 def _uniform_plan(space: SearchSpace, preset: str) -> dict[str, Any]:
-    from lowbit.search.space import _named_decision
+    from lowbit.search.space import named_decision
 
     plan = {}
     for layer, op in space.layers.items():
-        plan[layer] = _named_decision(layer, op, (layer,), [preset], PRESETS, f"preset {preset}").build({"choice": preset})
+        decision = named_decision(layer, op, (layer,), [preset], PRESETS, f"preset {preset}")
+        plan[layer] = decision.build({"choice": preset})
     return plan
 
 

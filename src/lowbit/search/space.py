@@ -117,7 +117,7 @@ class SearchSpace:
             return _mase_decision(key, op, layers, seed["config"], shared, where)
         if kinds[0] == "roles":
             return _role_decision(key, op, layers, seed["roles"], where)
-        return _named_decision(key, op, layers, seed["choices"], self.config.presets, where)
+        return named_decision(key, op, layers, seed["choices"], self.config.presets, where)
 
     def _check_every_choice(self) -> None:
         """Build every choice of every parameter once (first choice elsewhere): bad formats fail now."""
@@ -218,7 +218,7 @@ def _role_decision(key: str, op: str, layers: tuple[str, ...], table: Any, where
     return Decision(key, op, layers, {role: list(c) for role, c in roles.items()}, build)
 
 
-def _named_decision(key: str, op: str, layers: tuple[str, ...], names: Any, presets: dict[str, Any],
+def named_decision(key: str, op: str, layers: tuple[str, ...], names: Any, presets: dict[str, Any],
                     where: str) -> Decision:  # fmt: skip
     table = {**PRESETS, **presets}
     names = names if isinstance(names, list) else [names]
@@ -245,4 +245,4 @@ def _formats(op: str, plain: dict[str, Any], where: str) -> RoleFormats | None:
         raise ConfigError(f"{where} ({op}): {error}") from None
 
 
-__all__ = ["PRESETS", "REFERENCE_PRESETS", "Decision", "SearchSpace", "role_candidates"]
+__all__ = ["PRESETS", "REFERENCE_PRESETS", "Decision", "SearchSpace", "named_decision", "role_candidates"]

@@ -108,7 +108,8 @@ def objective_values(config: SearchConfig, metrics: dict[str, float]) -> list[fl
     """One value per metric, or MASE's sum of scaled metrics (minimised metrics count negatively)."""
     missing = [name for name in config.metrics if name not in metrics]
     if missing:
-        raise ConfigError(f"search metric {missing[0]!r} is not measured for this task (measured: {', '.join(metrics)})")
+        raise ConfigError(f"search metric {missing[0]!r} is not measured for this task "
+                          f"(measured: {', '.join(metrics)})")  # fmt: skip
     if config.sum_scaled_metrics:
         total = sum(scale * metrics[name] * (1 if direction == "maximize" else -1)
                     for name, (scale, direction) in config.metrics.items())  # fmt: skip
