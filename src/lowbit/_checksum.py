@@ -5,6 +5,9 @@ is being replaced, then the new one alone, so a crash at any moment leaves a fil
 
 :func:`verify_sidecar` raises FormatError naming the file on a mismatch; a file without a sidecar (written
 by another tool or an older lowbit) is reported as ``False`` so the caller can warn and go on.
+
+Text files seal themselves instead (:func:`seal_text`: one SHA-256 over every byte, written in place of
+:data:`lowbit._io.PLACEHOLDER` in a JSON key or a TOML comment).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from lowbit._io import atomic_write_bytes, atomic_write_text
+from lowbit._io import atomic_write_bytes, atomic_write_text, seal_matches, sealed
 from lowbit.errors import FormatError
 
 SCHEMA, VERSION, SUFFIX = "lowbit.checksum", 1, ".sha256"
@@ -78,4 +81,15 @@ def verify_sidecar(path: str | os.PathLike) -> bool:
     return True
 
 
-__all__ = ["digest_file", "sidecar_of", "verify_sidecar", "write_sidecar_for", "write_with_sidecar"]
+# ---- seals inside text files (JSON keys, TOML comments) ----------------------------------------------------
+def seal_text(text: str) -> str:
+    """``text`` (holding :data:`lowbit._io.PLACEHOLDER` once) with the placeholder replaced by its seal."""
+    return sealed(text.encode("utf-8")).decode("utf-8")
+
+
+def text_seal_matches(blob: bytes, recorded: object) -> bool:
+    return seal_matches(blob, recorded)
+
+
+__all__ = ["digest_file", "seal_text", "sidecar_of", "text_seal_matches", "verify_sidecar", "write_sidecar_for",
+           "write_with_sidecar"]  # fmt: skip

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,7 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit._io import atomic_write_text
+from lowbit._checksum import seal_text, text_seal_matches
+from lowbit._io import PLACEHOLDER, atomic_write_text
 from lowbit._model import run_batches
 from lowbit.errors import ConfigError, LowbitError, did_you_mean
 from lowbit.flows.recipes import granularity_params
@@ -43,7 +45,7 @@ from lowbit.nn.roles import RoleFormats
 
 DEFAULT_OPS = ("linear", "conv1d", "conv2d")
 OBSERVERS = ("min_max", "moving_average", "percentile", "mse", "histogram")
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: sealed (a SHA-256 over the whole file in "seal"); 1: unsealed, loads with a warning
 
 
 @dataclasses.dataclass
@@ -64,16 +66,14 @@ class CalibrationState:
     activation_format: str = "affine"
 
     def save(self, path: str | Path) -> None:
-        atomic_write_text(path, json.dumps({"version": STATE_VERSION, **dataclasses.asdict(self)}, indent=1))
+        """Write the state as JSON, sealed: ``"seal"`` holds a SHA-256 over every byte of the file."""
+        doc = {"version": STATE_VERSION, "seal": PLACEHOLDER, **dataclasses.asdict(self)}
+        atomic_write_text(path, seal_text(json.dumps(doc, indent=1)))
 
     @classmethod
     def load(cls, path: str | Path) -> CalibrationState:
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as error:
-            raise ConfigError(f"cannot read calibration state {str(path)!r}: {error}") from None
-        if not isinstance(data, dict) or data.pop("version", None) != STATE_VERSION:
-            raise ConfigError(f"{str(path)!r} is not a lowbit calibration state (version {STATE_VERSION})")
+        """Read a saved state; ConfigError naming the file if it is damaged (seal mismatch) or malformed."""
+        data = _read_sealed_state(Path(path))
         fields = [f.name for f in dataclasses.fields(cls)]
         required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
         missing = [name for name in required if name not in data]
@@ -83,6 +83,24 @@ class CalibrationState:
         _check_ranges(data["ranges"], str(path))
         _activation_spec(data.get("activation_format", "affine"), str(path))
         return cls(**data)
+
+
+def _read_sealed_state(path: Path) -> dict[str, Any]:
+    try:
+        blob = path.read_bytes()
+        data = json.loads(blob)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"cannot read calibration state {str(path)!r}: {error}") from None
+    version = data.pop("version", None) if isinstance(data, dict) else None
+    if type(version) is not int or version not in (1, STATE_VERSION):
+        raise ConfigError(f"{str(path)!r} is not a lowbit calibration state (version 1 or {STATE_VERSION})")
+    seal = data.pop("seal", None)
+    if seal is None and version == 1:
+        logging.getLogger("lowbit").warning(f"calibration state {path} has no checksum (an older lowbit wrote it): "
+                                            f"not verified; save it again to seal it")  # fmt: skip
+    elif not text_seal_matches(blob, seal):
+        raise ConfigError(f"calibration state {path} does not match its checksum: the file is corrupt or was edited")
+    return data
 
 
 def _check_ranges(ranges: Any, where: str) -> None:

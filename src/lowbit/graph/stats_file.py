@@ -8,6 +8,12 @@ Layout (what MASE's profiler run writes, so its files load here and ours load in
 
 ``<entry>`` is data_in_0, weight, bias, ...; values a stat could not compute are "NA".
 
+Files lowbit writes begin with one comment line, ``# lowbit.statistics version 1 sha256 <seal>``: a
+versioned header and a SHA-256 over every byte of the file (:func:`lowbit._checksum.seal_text`). Being a
+comment, it leaves the layout MASE reads untouched. A file with the header that does not match it is
+refused (ConfigError naming the file); a file without one (MASE's, or an older lowbit's) loads with a
+warning that it was not verified.
+
 :func:`stats_to_config` is MASE's ``scripts/stat-to-conf.py`` without its bugs. For every node of a
 quantizable op that has statistics it writes ``passes.quantize.<node>.config``: a ternary config
 (``name = "ternary"``, ``<role>_scaling_factor = true``, ``<role>_width = 2``, only for the roles the op
@@ -32,16 +38,20 @@ range_quantile.max`` (the median when profiled with quantile 0.5), ``<role>_max 
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lowbit._io import atomic_write_text
+from lowbit._checksum import seal_text, text_seal_matches
+from lowbit._io import PLACEHOLDER, atomic_write_text
 from lowbit.errors import ConfigError, LowbitError
 from lowbit.nn.config import OP_ROLES, is_none, parse_node_config
 
 NA = "NA"
+STATS_VERSION, HEADER_MARK = 1, "# lowbit.statistics "
+HEADER = f"{HEADER_MARK}version {STATS_VERSION} sha256"
 _SCALAR_FIELDS = {"min", "max", "range", "mean", "variance", "abs_mean"}
 _COUNT_FIELDS = {"count", "size_in_bytes"}
 # Fields each known stat must have (other stats are accepted with any well-typed fields).
@@ -76,7 +86,7 @@ def graph_statistics(graph: Any) -> dict[str, Any]:
 def save_statistics(graph: Any, path: str | os.PathLike) -> dict[str, Any]:
     """Write the graph's statistics to ``path`` (atomically) and return the table written."""
     table = graph_statistics(graph)
-    atomic_write_text(path, _tomli_w().dumps(table))
+    atomic_write_text(path, seal_text(f"{HEADER} {PLACEHOLDER}\n" + _tomli_w().dumps(table)))
     return table
 
 
@@ -98,15 +108,32 @@ def load_statistics(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check a statistics file; ConfigError naming the file, node and key for anything wrong."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")  # bytes as written: the seal covers them exactly
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"cannot read statistics file {path}: {error}") from None
+    _check_header(path, text)
     try:
         table = _tomllib().loads(text)
     except ValueError as error:  # tomllib.TOMLDecodeError is a ValueError
         raise ConfigError(f"statistics file {path} is not valid TOML: {error}") from None
     check_statistics(table, str(path))
     return table
+
+
+def _check_header(path: Path, text: str) -> None:
+    """The header line's version and seal (see the module docstring)."""
+    first = text.split("\n", 1)[0]
+    if not first.startswith(HEADER_MARK):
+        logging.getLogger("lowbit").warning(f"statistics file {path} has no lowbit checksum (MASE or an older "
+                                            f"lowbit wrote it): not verified")  # fmt: skip
+        return
+    words = first[len(HEADER_MARK) :].split()
+    if len(words) != 4 or words[0] != "version" or words[2] != "sha256":
+        raise ConfigError(f"statistics file {path}: its header line is damaged ({first[:80]!r})")
+    if words[1] != str(STATS_VERSION):
+        raise ConfigError(f"statistics file {path} is version {words[1]!r}; this lowbit reads version {STATS_VERSION}")
+    if not text_seal_matches(text.encode("utf-8"), words[3]):
+        raise ConfigError(f"statistics file {path} does not match its checksum: the file is corrupt or was edited")
 
 
 def check_statistics(table: Any, where: str = "statistics") -> None:

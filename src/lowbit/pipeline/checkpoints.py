@@ -14,6 +14,7 @@ Load types (``--load-type``; by default inferred from the path):
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,13 +23,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from lowbit._checksum import verify_sidecar
 from lowbit._io import atomic_write_bytes, atomic_write_text
-from lowbit.errors import ConfigError, LowbitError
+from lowbit.errors import ConfigError, FormatError, LowbitError
 
 LOAD_TYPES = ("pt", "pl", "lowbit")
 MODULE_SCHEMA, MODULE_VERSION = "lowbit.module", 1
 WEIGHTS_FILE = "model.safetensors"  # version 2: written by lowbit.save (real modules recorded in its header)
 RUN_SCHEMA, RUN_FILE = "lowbit.run", "run.json"  # which built-in model / dataset a saved graph came from
+_log = logging.getLogger("lowbit")
 
 
 def infer_load_type(path: str | os.PathLike) -> str:
@@ -48,12 +51,16 @@ def load_checkpoint(model: nn.Module | None, path: str | os.PathLike, load_type:
         return load_lowbit(path)
     if model is None:
         raise ConfigError(f"a {load_type} checkpoint holds weights only: name the model it belongs to")
+    verified = path.is_file() and verify_file(path)
     state = _read_state(path)
     if load_type == "pl":
         state = _lightning_state(state, path)
     elif isinstance(state.get("state_dict"), Mapping):
         state = state["state_dict"]
     load_state_strict(model, state, str(path))
+    if not verified:  # another tool's file (the usual case for --load): said with -v only
+        _log.debug(f"checkpoint {path} has no lowbit checksum beside it (another tool or an older lowbit wrote "
+                   f"it): not verified")  # fmt: skip
     return model
 
 
@@ -76,6 +83,15 @@ def _read_state(path: Path) -> dict[str, Any]:
     if not isinstance(state, Mapping):
         raise ConfigError(f"checkpoint {path} holds a {type(state).__name__}, not a state dict")
     return dict(state)
+
+
+def verify_file(path: Path) -> bool:
+    """A checkpoint file against its ``.sha256`` sidecar (written with every checkpoint lowbit writes):
+    ConfigError naming the file on a mismatch; False if it has none (another tool or an older lowbit)."""
+    try:
+        return verify_sidecar(path)
+    except FormatError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _lightning_state(checkpoint: Mapping[str, Any], path: Path) -> dict[str, Any]:
