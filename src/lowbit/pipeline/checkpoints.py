@@ -13,6 +13,7 @@ Load types (``--load-type``; by default inferred from the path):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -23,14 +24,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit._checksum import verify_sidecar
-from lowbit._io import atomic_write_bytes, atomic_write_text
+from lowbit._checksum import digest_file, seal_text, text_seal_matches, verify_sidecar
+from lowbit._io import PLACEHOLDER, atomic_directory, write_file
 from lowbit.errors import ConfigError, FormatError, LowbitError
 
 LOAD_TYPES = ("pt", "pl", "lowbit")
 MODULE_SCHEMA, MODULE_VERSION = "lowbit.module", 1
 WEIGHTS_FILE = "model.safetensors"  # version 2: written by lowbit.save (real modules recorded in its header)
 RUN_SCHEMA, RUN_FILE = "lowbit.run", "run.json"  # which built-in model / dataset a saved graph came from
+MODULE_FILE, STATE_FILE = "module.json", "state.safetensors"
+# a module-style save owns these names (a graph save's files are removed in the same swap, so no stale graph
+# shadows it); other files in the folder (metrics, another tool's) are carried over
+MODULE_OWNED = (MODULE_FILE, STATE_FILE, WEIGHTS_FILE, "graph.json", "node_meta.toml", "graph_module.pt", RUN_FILE)
 _log = logging.getLogger("lowbit")
 
 
@@ -127,11 +132,10 @@ def save_lowbit(model: nn.Module, directory: str | os.PathLike, *, model_name: s
     from lowbit.graph import QGraph, save_graph
 
     directory = Path(directory)
-    if isinstance(model, (QGraph, fx.GraphModule)):
-        files = save_graph(model, directory)
+    if isinstance(model, (QGraph, fx.GraphModule)):  # graph.json commits the swap; a module-style save is removed
         about = {"schema": RUN_SCHEMA, "model": model_name, "dataset": dataset}
-        atomic_write_text(directory / RUN_FILE, json.dumps(about, indent=1) + "\n")
-        return [*files, directory / RUN_FILE]
+        extra = {RUN_FILE: (json.dumps(about, indent=1) + "\n").encode(), MODULE_FILE: None, WEIGHTS_FILE: None}
+        return [*save_graph(model, directory, extra_files=extra)]
     if model_name is None:
         raise ConfigError("saving a module-style model needs the built-in model name that rebuilds it")
     if recipe is not None:
@@ -139,11 +143,14 @@ def save_lowbit(model: nn.Module, directory: str | os.PathLike, *, model_name: s
     from safetensors.torch import save as to_bytes
 
     state = {key: value.detach().contiguous() for key, value in model.state_dict().items()}
+    data = to_bytes(state)
     doc = {"schema": MODULE_SCHEMA, "version": MODULE_VERSION, "model": model_name, "dataset": dataset,
-           "quantize": quantize_args}  # fmt: skip
-    atomic_write_bytes(directory / "state.safetensors", to_bytes(state))
-    atomic_write_text(directory / "module.json", json.dumps(doc, indent=1, default=_not_json))
-    return [directory / "state.safetensors", directory / "module.json"]
+           "quantize": quantize_args, "files": {STATE_FILE: hashlib.sha256(data).hexdigest()}}  # fmt: skip
+    text = _sealed_json(doc)  # serialized before the first write: a failure leaves the earlier save intact
+    with atomic_directory(directory, owned=MODULE_OWNED, last=MODULE_FILE) as building:
+        write_file(building / STATE_FILE, data)
+        write_file(building / MODULE_FILE, text.encode())
+    return [directory / STATE_FILE, directory / MODULE_FILE]
 
 
 def _save_version_2(model: nn.Module, directory: Path, model_name: str, dataset: str | None, quantize_args: Any,
@@ -152,12 +159,21 @@ def _save_version_2(model: nn.Module, directory: Path, model_name: str, dataset:
     from lowbit.pipeline.progress import waiting
 
     doc = {"schema": MODULE_SCHEMA, "version": 2, "model": model_name, "dataset": dataset, "quantize": quantize_args,
-           "quantize_model": recipe, "weights": WEIGHTS_FILE}  # fmt: skip
-    text = json.dumps(doc, indent=1, default=_not_json)
-    with waiting(f"saving {directory}", slow=False):
-        lowbit.save(model, directory / WEIGHTS_FILE)
-    atomic_write_text(directory / "module.json", text)
-    return [directory / WEIGHTS_FILE, directory / "module.json"]
+           "quantize_model": recipe, "weights": WEIGHTS_FILE, "files": {WEIGHTS_FILE: "sealed by lowbit.save"}}  # fmt: skip
+    text = _sealed_json(doc)  # the weights file seals itself (lowbit.save)
+    with waiting(f"saving {directory}", slow=False), \
+            atomic_directory(directory, owned=MODULE_OWNED, last=MODULE_FILE) as building:  # fmt: skip
+        lowbit.save(model, building / WEIGHTS_FILE)
+        write_file(building / MODULE_FILE, text.encode())
+    return [directory / WEIGHTS_FILE, directory / MODULE_FILE]
+
+
+def _sealed_json(doc: dict[str, Any]) -> str:
+    text = json.dumps({**doc, "seal": PLACEHOLDER}, indent=1, default=_not_json)
+    try:
+        return seal_text(text)
+    except ValueError:
+        raise ConfigError(f"a module-style model's config may not contain {PLACEHOLDER[:8]}... (reserved for the seal)") from None
 
 
 def _not_json(value: Any) -> Any:
@@ -191,19 +207,35 @@ def _load_module_style(directory: Path) -> nn.Module:
     from lowbit.graph import quantize_module_transform_pass
     from lowbit.pipeline.catalog import build_model
 
-    try:
-        doc = json.loads((directory / "module.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"cannot read {directory / 'module.json'}: {error}") from None
-    if not isinstance(doc, dict) or doc.get("schema") != MODULE_SCHEMA or doc.get("version") not in (1, 2):
-        raise ConfigError(f"{directory / 'module.json'} is not a lowbit module checkpoint (schema {MODULE_SCHEMA} v1 or v2)")
+    doc = _read_module_json(directory / MODULE_FILE)
     model = build_model(doc.get("model"), doc.get("dataset"))
     if doc.get("quantize") is not None:
         model, _ = quantize_module_transform_pass(model, doc["quantize"])
     if doc["version"] == 2:
         return _load_version_2(model, directory, doc)
-    load_state_strict(model, _read_state(directory / "state.safetensors"), str(directory))
+    state_path = directory / STATE_FILE
+    recorded = (doc.get("files") or {}).get(STATE_FILE) if isinstance(doc.get("files"), dict) else None
+    if recorded is not None and (not state_path.is_file() or digest_file(state_path) != recorded):
+        raise ConfigError(f"{state_path} does not match the checksum in {MODULE_FILE}: the file is corrupt or was changed")
+    load_state_strict(model, _read_state(state_path), str(directory))
     return model
+
+
+def _read_module_json(path: Path) -> dict[str, Any]:
+    """module.json, its seal checked (saves from before the seal load with a warning)."""
+    try:
+        blob = path.read_bytes()
+        doc = json.loads(blob)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"cannot read {path}: {error}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != MODULE_SCHEMA or doc.get("version") not in (1, 2):
+        raise ConfigError(f"{path} is not a lowbit module checkpoint (schema {MODULE_SCHEMA} v1 or v2)")
+    seal = doc.pop("seal", None)
+    if seal is None and "files" not in doc:  # new saves always have both
+        _log.warning(f"{path} has no checksum (an older lowbit wrote it): not verified")
+    elif not text_seal_matches(blob, seal):
+        raise ConfigError(f"{path} does not match its checksum: the file is corrupt or was edited")
+    return doc
 
 
 def _load_version_2(model: nn.Module, directory: Path, doc: dict[str, Any]) -> nn.Module:
