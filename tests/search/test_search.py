@@ -68,12 +68,12 @@ def test_front_toml_reproduces_the_trial_through_the_quantize_pass(tmp_path):
     assert accuracy == pytest.approx(member["metrics"]["accuracy"], abs=1e-9)
 
 
-def _model_of_the_search() -> torch.nn.Module:
-    """The model the search used: the config's seed builds the same (untrained) toy model."""
+def _model_of_the_search(model: str = "toy", dataset: str = "toy_tiny", seed: int = 42) -> torch.nn.Module:
+    """The model the search used: the config's seed builds the same (untrained) model."""
     from lowbit.config import merge_options
     from lowbit.pipeline.actions import load_model, prepare
 
-    options = merge_options({"model": "toy", "dataset": "toy_tiny", "seed": 42}, {})
+    options = merge_options({"model": model, "dataset": dataset, "seed": seed}, {})
     prepare(options)
     return load_model(options)
 
@@ -109,6 +109,18 @@ def test_role_choices_over_format_families_with_regex_and_skip(tmp_path):
         for layer in ("fc1", "fc2"):
             assert record["plan"][layer]["weight"]["name"] in ("integer", "mxfp4_e2m1", "block_fp", "e4m3")
         assert record["metrics"]["weight_bits"] < 32
+    # every front TOML (format families with block sizes, per-role names, float inputs) rebuilds its trial
+    dataset = get_split("digits", "validation")
+    x, y = dataset.tensors[0][:100], dataset.tensors[1][:100]
+    for member in json.loads((tmp_path / "out" / "front.json").read_text())["front"]:
+        [(_, pass_args)] = load_run_config(tmp_path / "out" / member["config"], PASSES).passes
+        model = _model_of_the_search("digits_mlp", "digits", 0)
+        quantize_module_transform_pass(model, pass_args)
+        with torch.no_grad():
+            logits = model.eval()(x)
+        assert int((logits.argmax(-1) == y).sum()) / len(y) == member["metrics"]["accuracy"]
+        loss = float(torch.nn.functional.cross_entropy(logits, y, reduction="sum")) / len(y)
+        assert loss == pytest.approx(member["metrics"]["loss"], rel=1e-6)  # the same logits, not just the argmax
 
 
 @pytest.mark.parametrize("storage", ["study.journal", "study.db"])
