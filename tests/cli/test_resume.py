@@ -12,7 +12,8 @@ import torch
 from lowbit.cli import main
 
 pytest.importorskip("lightning")
-COMMON = ["train", "toy", "toy_tiny", "--accelerator", "cpu", "--t-max", "2", "--no-progress", "--print-config", "false"]
+COMMON = ["train", "toy", "toy_tiny", "--accelerator", "cpu", "--t-max", "2", "--no-progress",
+          "--print-config", "false"]
 
 
 def _train(root, project, *extra) -> int:

@@ -52,7 +52,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("project", str, None, "output folder name (default: <model>_<task>_<dataset>)"),
     Option("progress", bool, True, "show progress bars"),
     Option("resume", bool, False, "train: continue the project's run from its last.ckpt"),
-    Option("overwrite", bool, False, "train: start again in a project that holds checkpoints (best.ckpt kept as best.previous.ckpt)"),
+    Option("overwrite", bool, False, "train: start again in a project holding checkpoints (best.ckpt kept)"),
     Option("warmup", bool, False, "compile the simulated layers' quantizer kernels before test / report measure"),
     # MASE's trainer options (its defaults differ where noted in docs/mase-compatibility.md)
     Option("log_every_n_steps", int, 1, "Lightning: log metrics every n training steps"),

@@ -159,7 +159,8 @@ def _save_version_2(model: nn.Module, directory: Path, model_name: str, dataset:
     from lowbit.pipeline.progress import waiting
 
     doc = {"schema": MODULE_SCHEMA, "version": 2, "model": model_name, "dataset": dataset, "quantize": quantize_args,
-           "quantize_model": recipe, "weights": WEIGHTS_FILE, "files": {WEIGHTS_FILE: "sealed by lowbit.save"}}  # fmt: skip
+           "quantize_model": recipe, "weights": WEIGHTS_FILE,
+           "files": {WEIGHTS_FILE: "sealed by lowbit.save"}}  # fmt: skip
     text = _sealed_json(doc)  # the weights file seals itself (lowbit.save)
     with waiting(f"saving {directory}", slow=False), \
             atomic_directory(directory, owned=MODULE_OWNED, last=MODULE_FILE) as building:  # fmt: skip
@@ -173,7 +174,8 @@ def _sealed_json(doc: dict[str, Any]) -> str:
     try:
         return seal_text(text)
     except ValueError:
-        raise ConfigError(f"a module-style model's config may not contain {PLACEHOLDER[:8]}... (reserved for the seal)") from None
+        raise ConfigError(f"a module-style model's config may not contain {PLACEHOLDER[:8]}... "
+                          "(reserved for the seal)") from None
 
 
 def _not_json(value: Any) -> Any:
@@ -216,7 +218,8 @@ def _load_module_style(directory: Path) -> nn.Module:
     state_path = directory / STATE_FILE
     recorded = (doc.get("files") or {}).get(STATE_FILE) if isinstance(doc.get("files"), dict) else None
     if recorded is not None and (not state_path.is_file() or digest_file(state_path) != recorded):
-        raise ConfigError(f"{state_path} does not match the checksum in {MODULE_FILE}: the file is corrupt or was changed")
+        raise ConfigError(f"{state_path} does not match the checksum in {MODULE_FILE}: the file is corrupt or "
+                          "was changed")
     load_state_strict(model, _read_state(state_path), str(directory))
     return model
 

@@ -64,7 +64,8 @@ def fit(model: nn.Module, options: Any, checkpoint_dir: str | Path, log_dir: str
     check_low_precision(low_precision)
     devices = _devices(options["devices"])
     check_devices(devices, options["accelerator"])
-    resume_from = prepare_run_folder(checkpoint_dir, resume=_flag(options, "resume"), overwrite=_flag(options, "overwrite"))
+    resume, overwrite = _flag(options, "resume"), _flag(options, "overwrite")
+    resume_from = prepare_run_folder(checkpoint_dir, resume=resume, overwrite=overwrite)
     L.seed_everything(options["seed"], workers=True, verbose=False)
     module = ClassifierModule(model, learning_rate=options["learning_rate"], weight_decay=options["weight_decay"],
                               optimizer=options["training_optimizer"], max_epochs=options["max_epochs"],

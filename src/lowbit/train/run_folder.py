@@ -41,7 +41,8 @@ def prepare_run_folder(directory: str | os.PathLike, *, resume: bool, overwrite:
         return None
     if not overwrite:
         raise ConfigError(f"{directory} already holds {' and '.join(found)} from an earlier run: pass --resume to "
-                          f"continue it or --overwrite to start again (the old best.ckpt is then kept as {PREVIOUS_BEST})")  # fmt: skip
+                          f"continue it or --overwrite to start again (the old best.ckpt is then kept as "
+                          f"{PREVIOUS_BEST})")  # fmt: skip
     _set_aside(directory)
     return None
 
