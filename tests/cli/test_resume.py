@@ -103,3 +103,40 @@ def test_overwrite_keeps_the_previous_best(runs, tmp_path):
     assert (folder / "best.previous.ckpt").read_bytes() == previous
     assert json.loads((folder / "best.previous.ckpt.sha256").read_text())["sha256"]
     assert _load(folder / "last.ckpt")["epoch"] == 0  # a fresh start, not a continuation
+
+
+def test_resuming_a_finished_run_trains_no_further(runs):
+    root, _ = runs
+    last = _checkpoints(root, "whole") / "last.ckpt"
+    before = _load(last)
+    assert _train(root, "whole", "--max-epochs", "2", "--resume") == 0
+    after = _load(last)
+    assert after["global_step"] == before["global_step"]
+    assert all(torch.equal(after["state_dict"][key], value) for key, value in before["state_dict"].items())
+
+
+def test_a_run_killed_mid_training_resumes_from_its_last_checkpoint(tmp_path):
+    """A real SIGKILL: the checkpoints left are intact (their checksums hold) and --resume continues."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    argv = [sys.executable, "-m", "lowbit", *COMMON, "--max-epochs", "1000", "--project-dir", str(tmp_path),
+            "--project", "killed"]  # fmt: skip
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
+    last = _checkpoints(tmp_path, "killed") / "last.ckpt"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (last.exists() and _load(last)["global_step"] >= 8):
+            time.sleep(0.2)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    steps = _load(last)["global_step"]
+    assert steps >= 8
+    assert main([*COMMON, "--project-dir", str(tmp_path), "--project", "killed", "--max-epochs", "1000",
+                 "--max-steps", str(steps + 8), "--resume"]) == 0  # fmt: skip
+    assert _load(last)["global_step"] == steps + 8
