@@ -140,3 +140,36 @@ def test_a_run_killed_mid_training_resumes_from_its_last_checkpoint(tmp_path):
     assert main([*COMMON, "--project-dir", str(tmp_path), "--project", "killed", "--max-epochs", "1000",
                  "--max-steps", str(steps + 8), "--resume"]) == 0  # fmt: skip
     assert _load(last)["global_step"] == steps + 8
+
+
+def test_stochastic_rounding_of_a_low_precision_optimizer_resumes_its_draws(tmp_path):
+    """QAT with stochastically rounded optimizer state: the rounding generator's state travels in last.ckpt,
+    so the resumed run draws what the uninterrupted one drew."""
+    config = tmp_path / "lp.toml"
+    config.write_text('model = "toy"\ndataset = "toy_tiny"\nlearning_rate = 0.05\n\n[low_precision_optimizer]\n'
+                      'weight = {name = "integer", width = 8, frac_width = 5}\ngrad = "e5m2"\nstochastic = true\n'
+                      'seed = 3\n')  # fmt: skip
+    common = ["train", "--config", str(config), "--accelerator", "cpu", "--t-max", "2", "--no-progress",
+              "--print-config", "false", "--project-dir", str(tmp_path)]  # fmt: skip
+    assert main([*common, "--project", "whole", "--max-epochs", "2"]) == 0
+    assert main([*common, "--project", "parts", "--max-epochs", "1"]) == 0
+    assert main([*common, "--project", "parts", "--max-epochs", "2", "--resume"]) == 0
+    whole = _load(_checkpoints(tmp_path, "whole") / "last.ckpt")
+    parts = _load(_checkpoints(tmp_path, "parts") / "last.ckpt")
+    assert parts["lowbit_rng"]["rounding"]  # the generator's state was saved
+    for key, value in whole["state_dict"].items():
+        assert torch.equal(parts["state_dict"][key], value), key
+
+
+def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
+    import random
+
+    import numpy
+
+    from lowbit.train.lightning_module import rng_states, set_rng_states
+
+    torch.save({"rng": rng_states()}, tmp_path / "rng.pt")
+    first = (torch.rand(3), numpy.random.rand(3), random.random())
+    set_rng_states(torch.load(tmp_path / "rng.pt", weights_only=True)["rng"])
+    second = (torch.rand(3), numpy.random.rand(3), random.random())
+    assert torch.equal(first[0], second[0]) and (first[1] == second[1]).all() and first[2] == second[2]

@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from lowbit.optim import LowPrecisionOptimizer
 from lowbit.train.optimizer_state import wrap_optimizer
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
@@ -54,16 +55,30 @@ class ClassifierModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["lowbit_rng"] = rng_states()  # a resumed run continues the same random streams
+        generators = getattr(self._low_precision_optimizer(), "_generators", {})  # stochastic rounding's draws
+        checkpoint["lowbit_rng"]["rounding"] = {key: g.get_state() for key, g in generators.items()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Runs before the optimizer exists: the rounding generators' states wait for configure_optimizers."""
         if isinstance(checkpoint.get("lowbit_rng"), dict):
             set_rng_states(checkpoint["lowbit_rng"])
+            self.restored_rounding = checkpoint["lowbit_rng"].get("rounding") or {}
+
+    def _low_precision_optimizer(self) -> Any:
+        trainer = self._trainer
+        optimizers = trainer.optimizers if trainer is not None else []
+        return next((o for o in optimizers if isinstance(o, LowPrecisionOptimizer)), None)
 
     def configure_optimizers(self):
         optimizer_class = OPTIMIZERS[self.optimizer_name]
         extra = {"momentum": 0.9} if self.optimizer_name == "sgd" else {}
         optimizer = optimizer_class(self.parameters(), lr=self.learning_rate, weight_decay=self.weight_decay, **extra)
         optimizer = wrap_optimizer(optimizer, self.low_precision, self.low_precision_seed)
+        if isinstance(optimizer, LowPrecisionOptimizer) and optimizer.seed is not None:
+            for key, state in getattr(self, "restored_rounding", {}).items():  # resumed: the same draws go on
+                generator = torch.Generator(device=key)
+                generator.set_state(state)
+                optimizer._generators[key] = generator
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, self.t_max), eta_min=self.eta_min)
         return {"optimizer": optimizer, "lr_scheduler": schedule}
 
