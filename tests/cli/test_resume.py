@@ -173,3 +173,15 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
     set_rng_states(torch.load(tmp_path / "rng.pt", weights_only=True)["rng"])
     second = (torch.rand(3), numpy.random.rand(3), random.random())
     assert torch.equal(first[0], second[0]) and (first[1] == second[1]).all() and first[2] == second[2]
+
+
+def test_resuming_with_another_model_is_one_clear_error(runs, tmp_path, capsys):
+    root, _ = runs
+    import shutil
+
+    shutil.copytree(_checkpoints(root, "whole"), _checkpoints(tmp_path, "other"))
+    capsys.readouterr()
+    status = main(["train", "digits_mlp", "digits", "--accelerator", "cpu", "--no-progress", "--print-config", "false",
+                   "--project-dir", str(tmp_path), "--project", "other", "--max-epochs", "3", "--resume"])  # fmt: skip
+    error = capsys.readouterr().err.strip()
+    assert status == 2 and len(error.splitlines()) == 1 and "another model's weights" in error

@@ -71,6 +71,8 @@ def fit(model: nn.Module, options: Any, checkpoint_dir: str | Path, log_dir: str
                               optimizer=options["training_optimizer"], max_epochs=options["max_epochs"],
                               t_max=options["t_max"], eta_min=options["eta_min"], low_precision=low_precision,
                               seed=options["seed"])  # fmt: skip
+    if resume_from is not None:
+        _check_resumable(module, resume_from)
     data = DataModule(options["dataset"], options["batch_size"], make_loader=make_loader, seed=options["seed"],
                       num_workers=options["num_workers"])  # fmt: skip
     checkpoint = ModelCheckpoint(dirpath=str(checkpoint_dir), filename="best", monitor="val_loss", mode="min",
@@ -93,6 +95,22 @@ def fit(model: nn.Module, options: Any, checkpoint_dir: str | Path, log_dir: str
     best = Path(checkpoint.best_model_path) if checkpoint.best_model_path else None
     last = Path(checkpoint.last_model_path) if checkpoint.last_model_path else None
     return FitResult(best, last, metrics, trainer.is_global_zero, module)
+
+
+def _check_resumable(module: nn.Module, path: Path) -> None:
+    """ConfigError (instead of Lightning's traceback) when ``path`` holds another model's weights, e.g. a QAT
+    run resumed without the ``--load`` it started from."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True).get("state_dict", {})
+    except Exception as error:  # unreadable although its checksum held (or it has none)
+        raise ConfigError(f"cannot read {path} to resume: {type(error).__name__}: {error}") from None
+    own = module.state_dict()
+    if set(state) != set(own) or any(state[key].shape != own[key].shape for key in own):
+        missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+        raise ConfigError(f"{path} holds another model's weights (missing {missing[:3]}, unexpected {unexpected[:3]}): "
+                          f"resume with the model and --load the run started from")  # fmt: skip
 
 
 def _log_version(log_dir: str | Path, resume_from: Path | None) -> str:
