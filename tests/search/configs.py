@@ -136,3 +136,5 @@ sampler = "nsga2"
 accuracy.direction = "maximize"
 weight_bits.direction = "minimize"
 """
+
+DIGITS_SHARED = DIGITS_ROLES.replace('by = "regex"', 'by = "regex"\nshare = true').replace('skip = ["fc3"]', "")

@@ -181,3 +181,12 @@ def test_latency_cost_uses_the_real_kernel_where_one_computes_the_formats(tmp_pa
     # int8 (dynamic) and int4 g32 (weight-only) have real kernels for all three Linear layers; mxfp4 runs float
     assert {name: metrics["real_layers"] for name, metrics in by_choice.items()} == {"int8": 3, "int4_g32": 3, "mxfp4": 0}
     assert all(metrics["latency_ms"] > 0 for metrics in by_choice.values())
+
+
+def test_shared_regex_decision_gives_its_layers_one_format(tmp_path):
+    from tests.search.configs import DIGITS_SHARED
+
+    result = run_search(write(tmp_path, DIGITS_SHARED), tmp_path / "out")
+    for record in result["records"]:
+        assert set(record["params"]) == {"fc[12]/weight", "fc[12]/data_in"}  # one decision, not one per layer
+        assert record["plan"]["fc1"] == record["plan"]["fc2"] and set(record["plan"]) == {"fc1", "fc2"}

@@ -47,7 +47,7 @@ HW_METRICS = ("average_bitwidth", "memory_density", "weight_bits", "activation_b
               "latency_ms")
 METRICS = SW_METRICS + HW_METRICS
 _SPACE_KEYS = ("name", "setup", "seed", "presets", "skip")
-_SPACE_SETUP_KEYS = ("by", "ops", "skip")
+_SPACE_SETUP_KEYS = ("by", "ops", "skip", "share")
 _STRATEGY_KEYS = ("name", "eval_mode", "sw_runner", "hw_runner", "setup", "metrics", "data_loader", "num_samples",
                   "cost_table", "sensitivity_start")  # fmt: skip
 _SETUP_KEYS = ("n_jobs", "n_trials", "timeout", "sampler", "sum_scaled_metrics", "direction", "seed", "storage",
@@ -60,6 +60,7 @@ class SearchConfig:
 
     seeds: dict[str, dict[str, Any]]
     by: str = "name"
+    share: bool = False
     ops: tuple[str, ...] = DEFAULT_OPS
     skip: tuple[str, ...] = ()
     presets: dict[str, Any] = field(default_factory=dict)
@@ -98,6 +99,7 @@ def parse_search(table: Any, where: str = "config") -> SearchConfig:
     config = SearchConfig(seeds={key: _table(value, f"search.search_space.seed.{key}", where)
                                  for key, value in seeds.items()})  # fmt: skip
     config.by = _choice(setup.get("by", "name"), BY, "search.search_space.setup.by", where)
+    config.share = _bool(setup.get("share", False), "search.search_space.setup.share", where)
     config.ops = tuple(_strings(setup.get("ops", list(DEFAULT_OPS)), "search.search_space.setup.ops", where))
     config.skip = tuple(_strings(space.get("skip", setup.get("skip", [])), "search.search_space.skip", where))
     config.presets = _table(space.get("presets", {}), "search.search_space.presets", where)

@@ -2,7 +2,8 @@
 
 Seed tables (``[search.search_space.seed.<key>]``; ``<key>`` is ``default``, a layer name (``by = "name"``),
 an op type (``by = "type"``: all layers of that type share one decision) or a regular expression matched
-against whole layer names (``by = "regex"``, first match wins, one decision per layer)). Each seed table
+against whole layer names (``by = "regex"``, first match wins, one decision per layer)). With ``setup.share =
+true`` the layers one seed key reaches share one decision (per op type) instead of one each. Each seed table
 has exactly one of:
 
 - ``config`` (MASE): a flat quantize config whose values are lists of choices (a scalar is fixed); each key
@@ -91,6 +92,15 @@ class SearchSpace:
                     groups.setdefault(op, []).append(name)
             return [self._decision(op, op, tuple(names), seeds.get(op, seeds.get("default")), op not in seeds)
                     for op, names in groups.items()]  # fmt: skip
+        if self.config.share:  # one decision per seed key (and op) for every layer it reaches
+            shared: dict[tuple[str, str], list[str]] = {}
+            for name, op in self.layers.items():
+                key, seed = self._seed_for(name)
+                if seed is not None:
+                    shared.setdefault((key, op), []).append(name)
+            ops_per_key = {key: sum(1 for k, _ in shared if k == key) for key, _ in shared}
+            return [self._decision(key if ops_per_key[key] == 1 else f"{key}:{op}", op, tuple(names),
+                                   self._seed_for(names[0])[1], True) for (key, op), names in shared.items()]  # fmt: skip
         decisions = []
         for name, op in self.layers.items():
             key, seed = self._seed_for(name)
