@@ -7,6 +7,8 @@ Each case: (case id, format name, parameters, traits). Traits:
 - "asymmetric_minmax": scale and zero point re-derived from a quantized tensor may differ (the rounded
   zero point can leave the top code unused), so re-quantizing moves values by at most one step instead of
   leaving them bit-identical.
+- "nan_left_out": a per-tensor statistic leaves NaN elements out (not counted as zero, so that the format
+  stays idempotent: its output keeps the NaN), so a NaN acts as if the element were absent.
 Every registered format must appear here at least once (tests/formats/test_registry_cases.py checks it).
 """
 
@@ -33,9 +35,9 @@ for _name in ("q8f", "q4f", "q2f"):
     _case(_name, _name, {})
 _case("q4s-block-bf16", "q4s", {"block_size": [1, 32], "scale_dtype": "bf16"}, "sign_symmetric")
 _case("binary-bipolar", "binary", {}, "scalar")
-_case("binary-scaled", "binary", {"scaling_factor": True, "bipolar": True})
+_case("binary-scaled", "binary", {"scaling_factor": True, "bipolar": True}, "nan_left_out")
 _case("binary-residual", "binary_residual", {"levels": 2}, "scalar")
-_case("ternary-twn-scaled", "ternary", {"scaling_factor": True}, "sign_symmetric")
+_case("ternary-twn-scaled", "ternary", {"scaling_factor": True}, "sign_symmetric", "nan_left_out")
 _case("ternary-threshold", "ternary", {"threshold": 0.5}, "sign_symmetric", "scalar")
 
 # ---- issue 3: minifloat / OCP elements / log / block / MX ---------------------------------------------------

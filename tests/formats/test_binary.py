@@ -67,11 +67,21 @@ def test_scale_is_the_least_squares_optimum(bipolar):
     assert error(alpha) < error(alpha * 1.01) and error(alpha) < error(alpha * 0.99)
 
 
-def test_scaled_nan_counts_as_zero_and_inf_takes_alpha():
-    x = t([NAN, 1.0, -2.0, INF])  # alpha = (0 + 1 + 2 + 0) / 4
-    assert_near(lowbit.quantize(x, "binary", scaling_factor=True), t([NAN, 0.75, -0.75, 0.75]))
+def test_scaled_nan_is_left_out_and_inf_counts_as_zero():
+    x = t([NAN, 1.0, -2.0, INF])  # alpha = (1 + 2 + 0) / 3: the NaN is neither summed nor counted
+    y = lowbit.quantize(x, "binary", scaling_factor=True)
+    assert_near(y, t([NAN, 1.0, -1.0, 1.0]))
     zeros_instead = lowbit.quantize(t([0.0, 1.0, -2.0, 0.0]), "binary", scaling_factor=True)
-    assert_near(zeros_instead[1:3], t([0.75, -0.75]))
+    assert_near(zeros_instead[1:3], t([0.75, -0.75]))  # a zero, unlike a NaN, counts
+
+
+@pytest.mark.parametrize("params", [{}, {"bipolar": False}, {"axis": 1}, {"bipolar": False, "axis": 0}])
+def test_scaled_is_idempotent_with_nan_and_inf(params):
+    x = torch.tensor([[1.0, NAN, -3.0, 0.5], [INF, -2.0, NAN, -INF], [0.25, 2.0, 1.5, -0.0]])
+    once = lowbit.quantize(x, "binary", scaling_factor=True, **params)
+    twice = lowbit.quantize(once, "binary", scaling_factor=True, **params)
+    assert torch.equal(torch.isnan(once), torch.isnan(x))
+    assert torch.equal(once.nan_to_num(7.0), twice.nan_to_num(7.0))  # bit for bit, NaN where x had NaN
 
 
 @pytest.mark.parametrize("params", [{"scaling_factor": True}, {"scaling_factor": True, "axis": 1}])

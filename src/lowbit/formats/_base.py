@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any, ClassVar
 
 import torch
@@ -155,8 +156,17 @@ class FormatSpec:
 def check_tensor(x: Any) -> None:
     if not isinstance(x, torch.Tensor):
         raise FormatError(f"quantize expects a torch.Tensor, got {type(x).__name__}")
+    if x.layout != torch.strided:
+        raise FormatError(
+            f"quantize expects a dense (strided) tensor, got layout {x.layout}; convert it with .to_dense() first"
+        )
     if not x.is_floating_point():
         raise FormatError(f"quantize expects a floating-point tensor, got dtype {x.dtype}")
+
+
+def is_number(value: Any) -> bool:
+    """A real number that is not a bool (True is an int to Python, never a number to a format)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _fail(spec: FormatSpec, name: str, value: Any, legal: str) -> FormatError:
@@ -170,7 +180,9 @@ def set_field(spec: FormatSpec, name: str, value: Any) -> None:
 def check_int(spec: FormatSpec, name: str, low: int | None = None, high: int | None = None) -> int:
     """An int parameter in [low, high] (floats with integral value are accepted and converted)."""
     value = getattr(spec, name)
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)  # numpy / other integral types
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
         value = int(value)
     legal = f"must be an integer in [{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
     if isinstance(value, bool) or not isinstance(value, int):
@@ -206,7 +218,7 @@ def check_float(spec: FormatSpec, name: str, *, positive: bool = False, optional
     if value is None and optional:
         return None
     legal = "must be a finite positive number" if positive else "must be a finite number"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_number(value) or not math.isfinite(value):
         raise _fail(spec, name, value, legal)
     if positive and value <= 0:
         raise _fail(spec, name, value, legal)
@@ -218,7 +230,7 @@ def check_choice(spec: FormatSpec, name: str, choices: dict[str, str] | tuple[st
     """A string parameter from a fixed set (``choices`` may map aliases to canonical names)."""
     value = getattr(spec, name)
     mapping = choices if isinstance(choices, dict) else {c: c for c in choices}
-    key = value.strip().lower() if isinstance(value, str) else value
+    key = value.strip().lower() if isinstance(value, str) else None  # strings only (a list is no choice)
     if key not in mapping:
         hint = did_you_mean(str(value), mapping)
         raise _fail(spec, name, value, f"legal values: {', '.join(sorted(set(mapping.values())))}{hint}")
@@ -231,14 +243,16 @@ def check_block_size(spec: FormatSpec, name: str = "block_size") -> tuple[int, .
     value = check_optional(spec, name)
     if value is None:
         return None
-    items = (value,) if isinstance(value, int) and not isinstance(value, bool) else value
     legal = "must be an int or a list of ints, each >= 1 or -1 (the whole dimension)"
-    try:
-        block = tuple(items)
-    except TypeError:
-        raise _fail(spec, name, value, legal) from None
-    if not block or any(isinstance(b, bool) or not isinstance(b, int) or (b < 1 and b != -1) for b in block):
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        items = (value,)
+    elif isinstance(value, (list, tuple, torch.Size)):  # not str / bytes (sequences of characters / bytes)
+        items = value
+    else:
         raise _fail(spec, name, value, legal)
+    if not items or any(not isinstance(b, numbers.Integral) or isinstance(b, bool) or (b < 1 and b != -1) for b in items):
+        raise _fail(spec, name, value, legal)
+    block = tuple(int(b) for b in items)
     set_field(spec, name, block)
     return block
 
@@ -262,28 +276,28 @@ SCALE_DTYPES: dict[str, str] = {
 _SCALE_LIMITS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
-def check_given_scales(spec: FormatSpec, name: str, scale_dtype: str = "f32") -> tuple[float, ...] | None:
+def check_given_scales(
+    spec: FormatSpec, name: str, scale_dtype: str = "f32", largest: float | None = None
+) -> tuple[float, ...] | None:
     """None, or given scales (a number, a list or a tensor) stored as a tuple of floats.
 
     Each must be finite and inside [smallest normal, largest finite] of ``scale_dtype``, the range a stored
     scale can take; more than one needs ``axis`` (one per index along it; the count is checked against the
-    tensor when it is quantized).
+    tensor when it is quantized). ``largest`` lowers the top of the range (a scale rounded up later).
     """
     value = check_optional(spec, name)
     if value is None:
         return None
     info = torch.finfo(_SCALE_LIMITS[scale_dtype])
-    legal = (f"every value must be a finite number in [{info.tiny:.6g}, {info.max:.6g}] (the range of "
+    top = info.max if largest is None else min(largest, info.max)
+    legal = (f"every value must be a finite number in [{info.tiny:.6g}, {top:.6g}] (the range of "
              f"{scale_dtype} scales); one per tensor, or one per index of axis")  # fmt: skip
     items = value.detach().flatten().tolist() if isinstance(value, torch.Tensor) else value
     items = list(items) if isinstance(items, (list, tuple)) else [items]
-    try:
-        if not items or any(isinstance(v, (bool, str)) for v in items):
-            raise TypeError
-        scales = tuple(float(v) for v in items)
-    except (TypeError, ValueError):
-        raise _fail(spec, name, value, legal) from None
-    if not all(math.isfinite(s) and info.tiny <= s <= info.max for s in scales):
+    if not items or not all(is_number(v) for v in items):
+        raise _fail(spec, name, value, legal)
+    scales = tuple(float(v) for v in items)
+    if not all(math.isfinite(s) and info.tiny <= s <= top for s in scales):
         raise _fail(spec, name, value, legal)
     if len(scales) > 1 and getattr(spec, "axis", None) is None:
         raise _fail(spec, name, value, f"{len(scales)} values need axis= to say which dimension they follow")

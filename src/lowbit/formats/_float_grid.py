@@ -92,8 +92,8 @@ def grid_step(x: torch.Tensor, mantissa_bits: int, min_exponent: int | torch.Ten
         if not isinstance(min_exponent, torch.Tensor):
             if min_exponent - mantissa_bits >= 1 - bias:
                 return _step_from_bits(x, mantissa_bits, min_exponent)
-        elif not _compiling() and min_exponent.numel() and bool((min_exponent - mantissa_bits >= 1 - bias).all()):
-            return _step_from_bits(x, mantissa_bits, min_exponent)  # eager only: the check reads the data
+        elif not _compiling() and x.device.type != "meta" and min_exponent.numel() and bool((min_exponent - mantissa_bits >= 1 - bias).all()):
+            return _step_from_bits(x, mantissa_bits, min_exponent)  # eager only: the check reads the data (none on meta)
     exponent = floor_log2(x.abs())
     if isinstance(min_exponent, torch.Tensor):
         # Widen to the per-block tensor's integer type (not narrow it): mixing int32 and int64 lanes trips

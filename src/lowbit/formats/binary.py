@@ -9,7 +9,8 @@
     probability clamp((x / alpha + 1) / 2, 0, 1) (bipolar) or clamp(x / alpha, 0, 1) (unipolar), so
     E[y] = x inside [-alpha, alpha] / [0, alpha]: unbiased. Max = alpha (1 unscaled), no subnormals; zero is
     not representable in bipolar mode (it becomes +alpha). NaN stays NaN; +-inf take their sign's value.
-    Non-finite elements count as 0 in alpha (a NaN changes nothing that a 0 would not change).
+    NaN elements are left out of alpha (neither summed nor counted: they stay NaN, so q(q(x)) == q(x));
+    +-inf count as 0 in a bipolar alpha and are left out of a unipolar one.
     A given ``alpha`` (calibrated: one number, or one per index of ``axis``; needs ``scaling_factor``) is
     used as it is, whatever the data: the signs are chosen as above and take the values +-alpha / {0, alpha}.
 
@@ -33,6 +34,7 @@ import torch
 
 from lowbit.errors import FormatError
 from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_given_scales, check_int, check_optional
+from lowbit.formats._base import is_number
 from lowbit.formats._registry import register
 from lowbit.formats.blocking import apply_blockwise, block_shape, given_per_axis, scaled_bits_per_element
 
@@ -60,9 +62,13 @@ def masked_mean(magnitude: torch.Tensor, selected: torch.Tensor, dims: tuple[int
 
 
 def mean_abs(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """mean |x| per block, NaN and +-inf counted as 0 (as if the element were zero)."""
+    """mean |x| per block over the elements that are not NaN; +-inf count as 0 (as if the element were zero).
+
+    NaN stays NaN in the output, so it must not count either: counted as 0 it would shrink alpha, and
+    the output (every other element +-alpha) would give a smaller alpha on a second pass.
+    """
     magnitude = torch.where(torch.isfinite(blocked), blocked.abs(), torch.zeros_like(blocked))
-    return masked_mean(magnitude, torch.ones_like(blocked, dtype=torch.bool), dims)
+    return masked_mean(magnitude, ~torch.isnan(blocked), dims)
 
 
 @register
@@ -212,7 +218,10 @@ class BinaryResidual(FormatSpec):
     def _check_means(self, means) -> tuple[float, ...]:
         legal = f"must be {self.levels} finite positive numbers (one per level)"
         try:
-            values = tuple(float(m) for m in (means.tolist() if isinstance(means, torch.Tensor) else means))
+            items = means.tolist() if isinstance(means, torch.Tensor) else means
+            if not isinstance(items, (list, tuple)) or not all(is_number(m) for m in items):
+                raise TypeError  # a string, bytes or bools are no list of magnitudes
+            values = tuple(float(m) for m in items)
         except (TypeError, ValueError):
             raise FormatError(f"{self.format_name}: means={means!r} is invalid; {legal}") from None
         if len(values) != self.levels or not all(math.isfinite(m) and m > 0 for m in values):

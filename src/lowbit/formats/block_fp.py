@@ -13,7 +13,9 @@ The shared exponent of a block is the *smallest* e for which no element of the b
 largest code: e = floor(log2(max|x|)), plus one when the block maximum would round up to 2^(e + 1) (for
 stochastic rounding, when it *could*: the test rounds away from zero, so no draw ever overflows). It is
 clamped to the E-bit range [-B, 2^E - 1 - B] (``exponent_width`` E, ``exponent_bias`` B), and also to the
-largest exponent whose top value the input dtype can hold (127 for float32 / bfloat16 inputs).
+largest exponent whose top value the input dtype can hold (127 for float32 / bfloat16 inputs). Where W - 1
+exceeds the input dtype's significand (W > 25 for float32), the top codes of that exponent lie above the
+dtype's largest finite value: they saturate to it (a multiple of the step too), never to inf.
 
 Limits: largest value (2 - 2^(1 - M)) * 2^(2^E - 1 - B); smallest positive value 2^(-B - M + 1) (a block
 whose maximum is below 2^-B uses e = -B). Zero is m = 0 (its sign follows the input, so -0.0 stays -0.0).
@@ -169,8 +171,14 @@ class BlockFP(FormatSpec):
         def quantize_blocks(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
             return self._quantize_blocks(blocked, dims, max_exponent, generator)
 
-        # float64 holds every float32 value, step and scale factor exactly (see _EXPONENT_LIMIT).
-        return apply_blockwise(x.double(), block, quantize_blocks).to(x.dtype)
+        # float64 holds every float32 value, step and scale factor exactly (see _EXPONENT_LIMIT). Wider
+        # mantissas than x's own (W > 25 for float32) put the top codes of the largest exponent above x's
+        # largest finite value; they saturate there (itself a multiple of the step) instead of becoming inf.
+        out = apply_blockwise(x.double(), block, quantize_blocks)
+        if x.dtype != torch.float64:
+            limit = torch.finfo(x.dtype).max
+            out = out.clamp_(-limit, limit)
+        return out.to(x.dtype)
 
     def _quantize_blocks(self, blocked, dims, max_exponent: int, generator) -> torch.Tensor:
         mantissa_bits = self.mantissa_bits

@@ -28,15 +28,17 @@ from lowbit.formats._base import (
     check_bool,
     check_choice,
     check_int,
+    check_given_scales,
     check_optional,
     check_tensor,
+    is_number,
 )
 from lowbit.formats._registry import register
 from lowbit.formats.blocking import apply_blockwise, block_shape, finite_abs_max, finite_min_max, normalize_axis
 from lowbit.formats.blocking import scaled_bits_per_element
 from lowbit.formats.rounding import round_to_integer
 from lowbit.formats.scaling import SCALE_DTYPE_BITS, ceil_power_of_two, round_scale, round_scale_up, safe_scale
-from lowbit.formats.scaling import shorten_scale
+from lowbit.formats.scaling import round_scale_down, shorten_scale
 
 
 class AffineParameters(NamedTuple):
@@ -135,7 +137,9 @@ class Affine(FormatSpec):
     symmetric scale = max|x| / q_max, so +-max|x| land on the end codes (exact up to float rounding of
     q_max * scale) and the format is sign symmetric (-inf saturates at -q_max; the most negative signed
     code stays unused); asymmetric scale = (max - min) /
-    (q_max - q_min) over a range widened to include zero, zero point = q_min - round(min / scale).
+    (q_max - q_min) over a range widened to include zero, zero point = q_min - R(min / scale) with R the
+    format's rounding mode (nearest for stochastic), so min lands on the first code and re-quantizing a
+    quantized tensor re-derives the same grid under every deterministic mode.
     ``power_of_two`` then rounds the scale up to a power of two and ``scale_dtype`` to the nearest f16 /
     bf16 value, or up to the next one where nearest would push a block extreme more than half a step past
     the codes: a block's maximum never saturates. A block whose scale would be zero or below the
@@ -174,21 +178,18 @@ class Affine(FormatSpec):
         self._validate_given_parameters()
 
     def _validate_given_parameters(self) -> None:
-        scale = _as_tuple(self, "scale", float)
+        # A given scale must keep 1 / scale and the codes finite in float32: [smallest normal, largest
+        # finite] float32 (2^127 with power_of_two, which rounds it up to a power of two).
+        scale = check_given_scales(self, "scale", "f32", largest=2.0**127 if self.power_of_two else None)
         zero_point = _as_tuple(self, "zero_point", int)
         if scale is None and zero_point is not None:
             raise FormatError(f"{self.format_name}: zero_point={self.zero_point!r} needs scale= as well")
         if scale is not None and self.block_size is not None:
             raise FormatError(f"{self.format_name}: give scale= or block_size=, not both")
-        if scale is not None and any(not (math.isfinite(s) and s > 0) for s in scale):
+        if zero_point is not None and len(zero_point) > 1 and self.axis is None:
             raise FormatError(
-                f"{self.format_name}: scale={self.scale!r} is invalid; every scale must be finite and > 0"
+                f"{self.format_name}: {len(zero_point)} zero_point values need axis= to say which dimension they follow"
             )
-        for name, values in (("scale", scale), ("zero_point", zero_point)):
-            if values is not None and len(values) > 1 and self.axis is None:
-                raise FormatError(
-                    f"{self.format_name}: {len(values)} {name} values need axis= to say which dimension they follow"
-                )
         q_min, q_max = self.code_range
         if self.symmetric and q_max < 1:
             raise FormatError(
@@ -262,7 +263,36 @@ class Affine(FormatSpec):
         raw = torch.where(torch.isinf(span), high / levels - low / levels, span / levels)
         if self._covers_range:
             return self._covering_scale(raw, low, high)
-        return self._fit_scale(raw, low, high)
+        scale, zero_point = self._fit_scale(raw, low, high)
+        if self._pins_scale:
+            return self._pinned_scale(scale, zero_point, low, high), zero_point
+        return scale, zero_point
+
+    @property
+    def _pins_scale(self) -> bool:
+        """toward_zero with derived asymmetric parameters (not power_of_two: a scale rounded down to a power
+        of two could halve the grid's range); see ``_pinned_scale``."""
+        return self.rounding == "toward_zero" and not self.power_of_two
+
+    def _pinned_scale(self, scale: torch.Tensor, zero_point: torch.Tensor, low: torch.Tensor,
+                      high: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """The largest scale (rounded down at every step) that puts low and high on or past the end codes
+        around ``zero_point`` (see ``_pins_scale``).
+
+        Rounding toward zero pulls both extremes of a block inward, so with the min-max scale the output's
+        range is a step narrower than the codes and re-deriving from it gives a smaller scale (the grid moves
+        on every pass). Pinned, the extremes round onto the end codes (a value at or past an integer never
+        rounds back across it; outputs stay inside [low, high], as toward_zero requires), and a quantized
+        block re-derives the same zero point and this same scale exactly.
+        """
+        q_min, q_max = self.code_range
+        above, below = q_max - zero_point, zero_point - q_min  # codes on each side of zero
+        inf = torch.full_like(scale, math.inf)
+        from_high = torch.where(above > 0, high / above.clamp(min=1), inf)
+        from_low = torch.where(below > 0, -low / below.clamp(min=1), inf)
+        pinned = torch.minimum(torch.minimum(from_high, from_low), scale)
+        pinned = round_scale_down(safe_scale(pinned), self.scale_dtype)
+        return shorten_scale(safe_scale(pinned), self.bits)
 
     @property
     def _covers_range(self) -> bool:
@@ -320,7 +350,14 @@ class Affine(FormatSpec):
         if self.symmetric:
             return torch.zeros_like(scale)
         q_min, q_max = self.code_range
-        return (q_min - torch.round(low * (1.0 / scale))).clamp(q_min, q_max)  # as the codes compute it
+        if self.is_stochastic or self._pins_scale:  # pinned scales: see _pinned_scale
+            low_steps = torch.round(low * (1.0 / scale))
+        else:
+            # low's steps under the format's own rounding, exactly as its code is computed: low lands on the
+            # first code, so a quantized tensor's minimum re-derives the same zero point and scale (with
+            # round-to-nearest here, "up" would lift low off the first code and move the grid next pass).
+            low_steps = self._round_steps(low, scale, None)
+        return (q_min - low_steps).clamp(q_min, q_max)
 
     def _given_parameters(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The given scale and zero point, shaped to broadcast over ``x`` (per channel along ``axis``)."""
@@ -415,12 +452,11 @@ def _as_tuple(spec: FormatSpec, name: str, kind: type) -> tuple | None:
     if isinstance(value, torch.Tensor):
         value = value.detach().flatten().tolist()
     items = value if isinstance(value, (list, tuple)) else [value]
-    try:
-        converted = tuple(kind(v) for v in items)
-    except (TypeError, ValueError):
-        raise FormatError(f"{spec.format_name}: {name}={value!r} is invalid; expected numbers") from None
-    if not converted:
+    if not items:
         raise FormatError(f"{spec.format_name}: {name} is empty")
+    if not all(is_number(v) and math.isfinite(v) for v in items):  # no bools, strings or bytes
+        raise FormatError(f"{spec.format_name}: {name}={value!r} is invalid; expected finite numbers")
+    converted = tuple(kind(v) for v in items)
     if kind is int and any(float(v) != c for v, c in zip(items, converted)):
         raise FormatError(f"{spec.format_name}: {name}={value!r} must be integers")
     object.__setattr__(spec, name, converted)

@@ -47,13 +47,21 @@ class _IntegerPreset(Affine):
         fixed = {"bits": self.preset_bits, "signed": True, "symmetric": True, "narrow_range": self.preset_narrow}
         for name, value in fixed.items():
             given = getattr(self, name)
-            if given is not None and (isinstance(given, str) or given != value):
+            if given is not None and not _same_fixed_value(given, value):
                 raise FormatError(
                     f"{self.format_name}: {name}={given!r} is invalid; the preset fixes {name}={value!r} "
                     f"(use format 'affine' to choose it)"
                 )
             object.__setattr__(self, name, value)
         super().__post_init__()
+
+
+def _same_fixed_value(given: object, fixed: bool | int) -> bool:
+    """Whether a given fixed parameter means the preset's value: a bool (or 0 / 1) for a flag, an integer
+    (an integral float too) for ``bits``; nothing else (a string, a tensor, a list) is taken as equal."""
+    if isinstance(fixed, bool):
+        return type(given) in (bool, int) and given in (0, 1) and bool(given) == fixed
+    return type(given) in (int, float) and given == fixed
 
 
 def _preset(name: str, bits: int, narrow: bool) -> type[Affine]:

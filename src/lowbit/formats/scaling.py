@@ -38,6 +38,20 @@ def round_scale_up(scale: torch.Tensor, scale_dtype: str) -> torch.Tensor:
     return torch.where(below, rounded + ulp, rounded)
 
 
+def round_scale_down(scale: torch.Tensor, scale_dtype: str) -> torch.Tensor:
+    """Like ``round_scale``, but to the largest stored value <= scale (not below the dtype's smallest normal)."""
+    target = _TORCH_SCALE_DTYPES[scale_dtype]
+    rounded = round_scale(scale, scale_dtype)
+    if target == scale.dtype:
+        return rounded
+    mantissa, exponent = torch.frexp(rounded)
+    # one ulp below a power of two is half an ulp of the binade above
+    exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)
+    ulp = torch.ldexp(torch.ones_like(rounded), exponent - _SIGNIFICAND_BITS[target])
+    above = (rounded > scale) & (rounded > torch.finfo(target).tiny)
+    return torch.where(above, rounded - ulp, rounded)
+
+
 def ceil_power_of_two(scale: torch.Tensor) -> torch.Tensor:
     """The smallest power of two >= scale (exact: frexp / ldexp, no log2 rounding)."""
     mantissa, exponent = torch.frexp(scale)  # scale = mantissa * 2**exponent, mantissa in [0.5, 1)
