@@ -143,3 +143,27 @@ def test_documented_subpackages_are_attributes_of_lowbit(module):
     code = f"import lowbit, sys; m = lowbit.{name}; assert m.__name__ == {module!r}, m; print('ok')"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+def test_import_lowbit_and_the_command_line_start_without_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, lowbit, lowbit.cli; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr[-2000:]
+
+
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130():
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "lowbit", "formats"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(0.4)  # past the interpreter's own start-up, inside the first heavy import
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert "Traceback" not in stderr, stderr[-2000:]
+    assert process.returncode == 130 and stderr.strip() == "lowbit: interrupted", (process.returncode, stderr)

@@ -12,19 +12,19 @@ are imported on first use, so ``import lowbit`` stays light.
 
 import importlib
 
-from lowbit import formats
 from lowbit._version import __version__
-from lowbit.api import quantize, warmup
-from lowbit.backend import get_backend, set_backend
 from lowbit.errors import ConfigError, FormatError, LowbitError
-from lowbit.formats import ROUNDING_MODES, FormatSpec, get_format, list_formats
-from lowbit.qtensor import QTensor, encode
 
-# Documented subpackages and the functions of higher floors, loaded when first touched.
-_SUBPACKAGES = ("api", "backend", "calibrate", "cli", "config", "convert", "datasets", "export", "flows", "graph",
-                "models", "nn", "ops", "pipeline", "ptq", "qtensor", "report", "train")  # fmt: skip
-_LAZY = {"quantize_": "lowbit.flows", "quantize_model": "lowbit.flows", "save": "lowbit.export",
-         "load": "lowbit.export", "export_onnx": "lowbit.export"}  # fmt: skip
+# Everything else (torch included) loads when first touched, so that `import lowbit` (and the command line's
+# start-up, which must answer Ctrl-C with one line) costs nothing: documented subpackages by name, and
+# the public functions from the module that defines them.
+_SUBPACKAGES = ("api", "backend", "calibrate", "cli", "config", "convert", "datasets", "export", "flows", "formats",
+                "graph", "models", "nn", "ops", "optim", "pipeline", "ptq", "qtensor", "report", "search", "train")  # fmt: skip
+_LAZY = {"quantize": "lowbit.api", "warmup": "lowbit.api", "get_backend": "lowbit.backend",
+         "set_backend": "lowbit.backend", "ROUNDING_MODES": "lowbit.formats", "FormatSpec": "lowbit.formats",
+         "get_format": "lowbit.formats", "list_formats": "lowbit.formats", "QTensor": "lowbit.qtensor",
+         "encode": "lowbit.qtensor", "quantize_": "lowbit.flows", "quantize_model": "lowbit.flows",
+         "save": "lowbit.export", "load": "lowbit.export", "export_onnx": "lowbit.export"}  # fmt: skip
 
 
 def __getattr__(name: str):
