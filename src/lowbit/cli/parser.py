@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
+from lowbit.cli.arguments import add_verbosity, parse_bool
 from lowbit.config.options import OPTIONS
 from lowbit.errors import LowbitError
 
@@ -23,23 +24,6 @@ class UsageError(LowbitError):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2 (through main), instead of usage + message
         raise UsageError(f"{self.prog}: {message}")
-
-
-def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("true", "1", "yes", "on"):
-        return True
-    if lowered in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def add_verbosity(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
-    """-q / -v, accepted before and after the command name (the command's own flags win)."""
-    default = {"default": False} if top else {"default": argparse.SUPPRESS}
-    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors (no progress bars)", **default)
-    parser.add_argument("-v", "--verbose", action="count", help="more detail on stderr",
-                        default=0 if top else argparse.SUPPRESS)  # fmt: skip
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:

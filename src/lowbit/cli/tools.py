@@ -10,7 +10,7 @@ from lowbit.errors import LowbitError
 
 
 def add_tool_commands(sub: Any) -> None:
-    from lowbit.cli.parser import add_verbosity
+    from lowbit.cli.arguments import add_verbosity
 
     formats = sub.add_parser("formats", help="list every number format with its parameters and value range")
     formats.add_argument("name", nargs="?", help="show one format (default: all)")
@@ -39,7 +39,7 @@ def add_tool_commands(sub: Any) -> None:
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-dir", help="folder for report.json / report.html (default: <project>/software/transform/report)")
-    from lowbit.cli.parser import parse_bool
+    from lowbit.cli.arguments import parse_bool
 
     parser.add_argument("--sensitivity", type=parse_bool, default=True,
                         help="rank layers by the metric when only that layer is quantized (default true)")  # fmt: skip
