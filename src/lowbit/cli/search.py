@@ -15,7 +15,7 @@ from lowbit.errors import ConfigError, LowbitError
 
 
 def add_search_command(sub: Any) -> None:
-    from lowbit.cli.parser import add_verbosity
+    from lowbit.cli.arguments import add_verbosity
 
     text = "mixed-precision search (Optuna) over a config's [search] tables; writes front.json and front/*.toml"
     command = sub.add_parser("search", help=text, description=text)
