@@ -273,3 +273,28 @@ def test_import_starts_no_thread_and_compiles_nothing():
             "'torch._inductor' in sys.modules)")  # fmt: skip
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["1", "0", "None", "False"]
+
+
+def test_exit_waits_for_the_kernel_being_compiled_and_drops_the_queue(tmp_path):
+    """A daemon compile thread killed inside the compiler aborts the process ("terminate called ..."): at
+    exit the worker finishes its current kernel and skips the queued ones."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "built.txt"
+    script = f"""
+import time, torch, lowbit.backend as backend
+def slow_build(signature):
+    time.sleep(1.0)
+    with open({str(marker)!r}, "a") as handle:
+        handle.write("built\\n")
+    return True
+backend.build = slow_build
+with backend._tier_lock:
+    for index in range(3):
+        backend._job_queue().put((backend._tiers["generation"], ("key", index)))
+time.sleep(0.2)  # the worker is inside the first build when the interpreter exits
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert marker.read_text() == "built\n"  # the running build finished; the two queued ones were dropped

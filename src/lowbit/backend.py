@@ -22,6 +22,7 @@ rest of the process. Nothing is compiled, and no thread is started, at import.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import queue
@@ -136,12 +137,35 @@ def _job_queue() -> queue.Queue:
         _tiers["jobs"] = _tiers["jobs"] or queue.Queue()
         _tiers["worker"] = threading.Thread(target=_work, args=(_tiers["jobs"],), name="lowbit-compile", daemon=True)
         _tiers["worker"].start()
+        if not _tiers.get("exit_hook"):
+            atexit.register(_stop_worker)
+            _tiers["exit_hook"] = True
     return _tiers["jobs"]
+
+
+def _stop_worker(timeout: float = 300.0) -> None:
+    """At interpreter exit: drop the queued kernels and let the one being compiled finish. A daemon thread
+    stopped inside the compiler's C++ code would abort the process ("terminate called ...")."""
+    jobs, worker = _tiers["jobs"], _tiers["worker"]
+    if jobs is None or worker is None or not worker.is_alive():
+        return
+    while True:
+        try:
+            jobs.get_nowait()
+        except queue.Empty:
+            break
+        jobs.task_done()
+    jobs.put(None)  # the worker's signal to return
+    worker.join(timeout)
 
 
 def _work(jobs: queue.Queue) -> None:
     while True:
-        generation, signature = jobs.get()
+        item = jobs.get()
+        if item is None:
+            jobs.task_done()
+            return
+        generation, signature = item
         try:
             if generation == _tiers["generation"] and not _state["broken"]:
                 build(signature)
