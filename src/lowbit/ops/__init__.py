@@ -17,11 +17,11 @@
 
 from lowbit.ops.conv import quantized_conv2d
 from lowbit.ops.conv_modules import Int8Conv2d
+from lowbit.ops.dynamic import Int8DynamicLinear
 from lowbit.ops.int4 import Int4WeightOnlyLinear
 from lowbit.ops.integer import AffineCodes, quantized_concat, quantized_linear, quantized_matmul
 from lowbit.ops.modules import (
     REAL_MODULES,
-    Int8DynamicLinear,
     Int8WeightOnlyLinear,
     RealQuantLinear,
     W8A8StaticLinear,

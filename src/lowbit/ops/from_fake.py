@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from lowbit.ops.int4 import Int4WeightOnlyLinear
-from lowbit.ops.modules import Int8DynamicLinear, Int8WeightOnlyLinear, W8A8StaticLinear
+from lowbit.ops.dynamic import Int8DynamicLinear
+from lowbit.ops.modules import Int8WeightOnlyLinear, W8A8StaticLinear
 
 
 def _plain_affine(spec, bits: int, scale_dtypes: tuple[str, ...] = ("f32",)) -> str | None:

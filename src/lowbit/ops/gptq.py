@@ -27,7 +27,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from torch import nn
 
 from lowbit.errors import ConfigError, FormatError
 from lowbit.ops.int4 import quantize_groups

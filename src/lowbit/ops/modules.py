@@ -18,12 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lowbit import backend
 from lowbit.errors import ConfigError, FormatError
 from lowbit.ops import kernels, routes
 from lowbit.ops._state import DerivedStateMixin
 from lowbit.ops.integer import accumulate_int_mm, accumulate_reference, dense
-from lowbit.ops.quant import broadcast_qparams, quantize, symmetric_scale, token_codes, token_scales
+from lowbit.ops.quant import broadcast_qparams, quantize, symmetric_scale
 
 REAL_MODULES: dict[str, type[nn.Module]] = {}
 
@@ -241,145 +240,6 @@ class _Int8WeightLinear(RealQuantLinear):
         if weight_t.dtype == torch.float64:
             return (centred @ weight_t).to(torch.int32)
         return kernels.float_codes_mm(centred, weight_t, max_code * 127)
-
-
-@register
-class Int8DynamicLinear(_Int8WeightLinear):
-    """int8 weights (symmetric, per channel) x int8 activations quantized at run time.
-
-    ``act_granularity="token"`` (default): one scale per row of the input (per token), codes in
-    [-127, 127] (``act_bits=8``) or [-63, 63] (``act_bits=7``: one bit coarser, but one fbgemm call is exact
-    on CPUs without VNNI, where 8-bit codes need two); ``act_symmetric=True`` centres them on 0, False on the
-    row's mid-range (a float-domain zero point: about one bit finer for one-sided rows such as GELU outputs).
-    ``"tensor"``: one asymmetric uint8 scale / zero point for the whole input (torch.ao's rule, 8 bits
-    rather than its 7). Paths (``lowbit.ops.routes`` picks): "fbgemm", "fbgemm_pairs", "int_mm", "compiled",
-    "onednn", "float_codes", "reference"; integer sums are exact on every path, so they differ only in the
-    float rounding of the rescaling ("int_mm", "compiled", "onednn", "fbgemm_pairs" and "float_codes" are
-    bit-identical to each other).
-    """
-
-    paths = ("auto", "reference", "fbgemm", "int_mm", "compiled", "fbgemm_pairs", "float_codes", "onednn")
-    GRANULARITIES = ("token", "tensor")
-    COMPILED_MIN_ROWS = routes.COMPILED_MIN_ROWS
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, act_symmetric: bool = True,
-                 act_granularity: str = "token", act_bits: int = 8) -> None:  # fmt: skip
-        super().__init__(in_features, out_features, bias)
-        if not isinstance(act_symmetric, bool):
-            raise ConfigError(f"act_symmetric={act_symmetric!r} must be a bool")
-        if act_granularity not in self.GRANULARITIES:
-            raise ConfigError(f"act_granularity={act_granularity!r}; legal: {', '.join(self.GRANULARITIES)}")
-        if act_granularity == "tensor" and act_symmetric:
-            raise ConfigError("act_granularity='tensor' is asymmetric (uint8 with a zero point): pass act_symmetric=False")
-        if act_bits not in (7, 8) or isinstance(act_bits, bool) or (act_bits == 7 and act_granularity == "tensor"):
-            raise ConfigError(f"act_bits={act_bits!r}; legal: 8, or 7 with act_granularity='token'")
-        self.act_symmetric, self.act_granularity, self.act_bits = act_symmetric, act_granularity, act_bits
-        if act_granularity == "tensor":  # the split and oneDNN routes are per token only
-            self.paths = tuple(path for path in self.paths if path not in ("fbgemm_pairs", "onednn"))
-
-    def config(self) -> dict[str, Any]:
-        config = {**super().config(), "act_symmetric": self.act_symmetric, "act_granularity": self.act_granularity}
-        return config if self.act_bits == 8 else {**config, "act_bits": self.act_bits}
-
-    @property
-    def q_max(self) -> int:
-        return 2 ** (self.act_bits - 1) - 1
-
-    def choose_path(self, rows: torch.Tensor) -> str:
-        token = self.act_granularity == "token"
-        compile_allowed = token and backend.compiling_allowed(rows.numel(), auto_min_elements=0)
-        return routes.int8_dynamic(rows.device, rows.shape[0], self.in_features, self.out_features, token=token,
-                                   act_bits=self.act_bits, compile_allowed=compile_allowed)  # fmt: skip
-
-    # ---- reference: codes, exact int64 sums, float64 rescaling ----------------------------------------------
-    def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
-        zero = torch.zeros((), dtype=torch.int32, device=rows.device)
-        if self.act_granularity == "tensor":
-            codes, scale, zero_point = self._tensor_codes(rows)
-            acc = accumulate_reference(codes, zero_point, self.weight_codes, zero)
-            return self._rescale(acc, scale, None)
-        token = token_codes(rows, self.act_symmetric, self.q_max)
-        return self._rescale(accumulate_reference(token.codes, zero, self.weight_codes, zero), token.scale, token.offset)
-
-    def _rescale(self, acc: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
-        """acc * scale * w_scale (+ offset * sum_k w) (+ bias), in float64."""
-        real = acc.double() * (scale.double() * self.weight_scale.double())
-        if offset is not None:
-            real = real + offset.double() * self._weight_sums().double()
-        return real.float() if self.bias is None else (real + self.bias.double()).float()
-
-    def _tensor_codes(self, rows: torch.Tensor):
-        from lowbit.calibrate.builders import scale_zero_point
-
-        scale, zero_point = scale_zero_point(rows.amin(), rows.amax(), 8, signed=False)
-        codes = quantize(rows, scale, zero_point, dtype=torch.uint8)
-        return codes, scale, zero_point
-
-    def _weight_sums(self) -> torch.Tensor:
-        """[N] float32: w_scale * sum_k weight codes (the real row sums of the weight)."""
-        return self.derived("sums", lambda: self.weight_codes.sum(1, dtype=torch.int64).float() * self.weight_scale)
-
-    # ---- fast paths --------------------------------------------------------------------------------------------
-    def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
-        if self.act_granularity == "tensor":
-            return self._tensor_path(path, rows)
-        if path in ("int_mm", "compiled", "onednn", "fbgemm_pairs", "float_codes"):
-            return self._sums_path(rows, path)
-        scale, inverse, offset = token_scales(rows, self.act_symmetric, self.q_max)
-        zero_point = 128 if self.act_bits == 8 else 64  # 7-bit codes + 64 stay in 1..127: no int16 saturation
-        if offset is None and rows.shape[0] == 1:
-            # One row: its scale is the tensor's, so fbgemm can apply it (and the bias) itself. It quantizes
-            # with round(fma(x, 1 / s, zero point)); fed the row's codes times s it recovers exactly those codes.
-            snapped = torch.round(rows * inverse).mul_(scale)
-            return kernels.fbgemm_linear(snapped, scale.item(), zero_point, self._packed_with_bias())
-        centred = rows * inverse if offset is None else (rows - offset).mul_(inverse)
-        # Integer-valued input: fbgemm's round(x + zero point) gives the reference's codes exactly.
-        out = kernels.fbgemm_linear(centred.round_(), 1.0, zero_point, self._packed())
-        return self._finish(out.mul_(scale), offset)
-
-    def _sums_path(self, rows: torch.Tensor, path: str) -> torch.Tensor:
-        """Row codes, exact int32 sums by ``path``, rescaling. "compiled" runs the first and last steps as
-        compiled kernels (one per (K, symmetric) and (N, symmetric, bias)), bit-identical to eager."""
-        symmetric, sums = self.act_symmetric, None if self.act_symmetric else self._weight_sums()
-        fused = path == "compiled" or (path == "onednn" and backend.compiling_allowed(rows.numel(), auto_min_elements=0))
-        if fused:
-            quantize_key = ("token_quantize", symmetric, self.q_max, self.in_features)
-            codes, scale, offset = backend.run_fused(quantize_key, kernels.token_quantize, rows, symmetric, self.q_max)
-        else:
-            codes, scale, offset = kernels.token_quantize(rows, symmetric, self.q_max)
-        acc = self._token_sums(codes, path)
-        arguments = (acc, scale, self.weight_scale, offset, sums, self.bias)
-        if not fused:
-            return kernels.token_rescale(*arguments)
-        rescale_key = ("token_rescale", symmetric, self.bias is None, self.out_features, acc.dtype)
-        return backend.run_fused(rescale_key, kernels.token_rescale, *arguments)
-
-    def _token_sums(self, codes: torch.Tensor, path: str) -> torch.Tensor:
-        """int32 sums [M, N] of int8 codes [M, K] and the weight codes (float32 from oneDNN: the same numbers)."""
-        if path in ("int_mm", "compiled"):
-            return kernels.int_mm_workspace(codes, self._weight_t())
-        if path == "onednn":
-            packed = self.derived("onednn", lambda: kernels.onednn_pack(self.weight_codes))
-            return kernels.onednn_sums(codes, packed, self.out_features)
-        if path == "fbgemm_pairs" and self.in_features <= kernels.PAIRS_MAX_K:
-            return kernels.fbgemm_pairs(codes.float(), self._packed_unit())
-        return self._float_sums(codes)
-
-    def _finish(self, out: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
-        if offset is not None:
-            out.addmm_(offset, self._weight_sums().reshape(1, -1))
-        return self._add_bias(out)
-
-    def _tensor_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
-        if path == "fbgemm":
-            return kernels.fbgemm_dynamic_linear(rows, self._packed_with_bias())
-        codes, scale, zero_point = self._tensor_codes(rows)
-        if path in ("int_mm", "compiled"):
-            zero = torch.zeros((), dtype=torch.int32, device=rows.device)
-            acc = accumulate_int_mm(codes, zero_point, self.weight_codes, zero)
-        else:  # float_codes
-            acc = self._float_sums(codes, zero_point, 255)
-        return self._add_bias(acc.float().mul_(scale * self.weight_scale))
 
 
 @register
