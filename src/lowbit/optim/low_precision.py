@@ -26,6 +26,7 @@ import torch
 
 from lowbit.errors import ConfigError, LowbitError
 from lowbit.formats import FormatSpec, resolve
+from lowbit.nn.gradients import GradientStream
 
 # which optimizer state entries each state role rounds
 MOMENT_STATES: dict[str, tuple[str, ...]] = {
@@ -65,15 +66,14 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
                  seed: int | None = None) -> None:  # fmt: skip
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"LowPrecisionOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ConfigError(f"seed must be an int or None, got {seed!r}")
+        stream = GradientStream(seed)  # checks the seed; one seeded generator per device
         super().__init__(optimizer.param_groups, optimizer.defaults)  # sets up torch's hook bookkeeping
         self.optimizer = optimizer
         self.param_groups, self.state = optimizer.param_groups, optimizer.state  # one copy, shared
         self.formats = {role: as_format(value, role, stochastic) for role, value in
                         (("weight", weight), ("grad", grad), ("momentum", momentum), ("second_moment", second_moment))}  # fmt: skip
-        self.seed = seed
-        self._generators: dict[str, torch.Generator] = {}
+        self.seed, self._stream = seed, stream
+        self._generators = stream._generators  # device -> generator (train/ saves and restores their states)
         with torch.no_grad():
             self._round_parameters("weight", lambda p: p)
 
@@ -133,10 +133,4 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         tensor.copy_(spec.quantize(tensor, self._generator(tensor.device) if spec.is_stochastic else None))
 
     def _generator(self, device: torch.device) -> torch.Generator | None:
-        if self.seed is None:
-            return None
-        key = str(device)
-        if key not in self._generators:
-            self._generators[key] = torch.Generator(device=device)
-            self._generators[key].manual_seed(self.seed)
-        return self._generators[key]
+        return self._stream.generator(device)
