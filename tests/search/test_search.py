@@ -190,3 +190,18 @@ def test_shared_regex_decision_gives_its_layers_one_format(tmp_path):
     for record in result["records"]:
         assert set(record["params"]) == {"fc[12]/weight", "fc[12]/data_in"}  # one decision, not one per layer
         assert record["plan"]["fc1"] == record["plan"]["fc2"] and set(record["plan"]) == {"fc1", "fc2"}
+
+
+def test_cli_load_reaches_the_front_tomls(tmp_path):
+    from lowbit.models import DigitsMLP
+
+    torch.manual_seed(7)
+    torch.save(DigitsMLP().state_dict(), tmp_path / "mlp.pt")
+    config = write(tmp_path, DIGITS_PRESETS.replace("n_trials = 2", "n_trials = 1"))
+    completed = subprocess.run([sys.executable, "-W", "ignore", "-m", "lowbit", "-q", "search", "--config", str(config),
+                                "--save-dir", str(tmp_path / "out"), "--load", str(tmp_path / "mlp.pt"), "--load-type",
+                                "pt"], capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    for path in (tmp_path / "out" / "front").iterdir():
+        options = load_run_config(path, PASSES).options
+        assert options["load"] == str((tmp_path / "mlp.pt").resolve()) and options["load_type"] == "pt"

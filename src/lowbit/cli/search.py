@@ -25,6 +25,9 @@ def add_search_command(sub: Any) -> None:
     command.add_argument("--storage", help="Optuna storage: a .journal / .db file or a database URL")
     command.add_argument("--sampler", choices=("tpe", "nsga2", "random", "grid"), help="override setup.sampler")
     command.add_argument("--workers", type=int, default=1, help="processes working on the study together")
+    command.add_argument("--load", help="checkpoint of the model to search (overrides load_name)")
+    command.add_argument("--load-type", dest="load_type", choices=("pt", "pl", "lowbit"), help="checkpoint kind")
+    command.add_argument("--project-dir", dest="project_dir", help="where outputs go (default: lowbit_output)")
     command.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
     command.add_argument("--debug", action="store_true", help="show the traceback of an error")
     add_verbosity(command)
@@ -39,8 +42,12 @@ def run_search_command(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ConfigError(f"--workers must be a positive integer, got {args.workers}")
     others = [_start_worker(args, index) for index in range(1, args.workers)]
+    from lowbit.config import check_option_value
+
+    overrides = {name: check_option_value(name, getattr(args, name), "command line")
+                 for name in ("load", "load_type", "project_dir") if getattr(args, name) is not None}  # fmt: skip
     result = run_search(args.config, args.save_dir, n_trials=args.n_trials, storage=args.storage,
-                        sampler=args.sampler, worker=args.worker,
+                        sampler=args.sampler, worker=args.worker, overrides=overrides,
                         progress=not getattr(args, "quiet", False))  # fmt: skip
     failed = [process.args for process in others if process.wait() != 0]
     if failed:
@@ -48,7 +55,7 @@ def run_search_command(args: argparse.Namespace) -> int:
     if others:  # the front again, now with every worker's trials
         first = result["run"]
         result = run_search(args.config, args.save_dir, n_trials=None, storage=args.storage, sampler=args.sampler,
-                            worker=args.worker, only_outputs=True)  # fmt: skip
+                            worker=args.worker, overrides=overrides, only_outputs=True)  # fmt: skip
         result["run"] = {**first, "added": args.workers * first["added"]}
     if args.worker == 0:
         _show(result)
@@ -58,7 +65,8 @@ def run_search_command(args: argparse.Namespace) -> int:
 def _start_worker(args: argparse.Namespace, index: int) -> subprocess.Popen:
     command = [sys.executable, "-m", "lowbit", "-q", "search", "--config", args.config, "--worker", str(index)]
     for flag, value in (("--save-dir", args.save_dir), ("--n-trials", args.n_trials), ("--storage", args.storage),
-                        ("--sampler", args.sampler)):  # fmt: skip
+                        ("--sampler", args.sampler), ("--load", args.load), ("--load-type", args.load_type),
+                        ("--project-dir", args.project_dir)):  # fmt: skip
         if value is not None:
             command += [flag, str(value)]
     return subprocess.Popen(command)

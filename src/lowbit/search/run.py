@@ -96,7 +96,7 @@ def _run(config: Any, save_dir: Any, n_trials: int | None, storage: str | None, 
                        n_jobs=search.n_jobs, callbacks=[_progress_callback(search)] if progress else None)
     references = {name: measure(_uniform_plan(space, name)) for name in REFERENCE_PRESETS}
     seconds = time.perf_counter() - started
-    return _write_outputs(folder, study, search, table, references, {
+    return _write_outputs(folder, study, search, _transform_options(options), references, {
         "seconds": seconds, "added": search.n_trials, "cache_hits": evaluator.cache_hits,
         "cache_misses": evaluator.cache_misses, "layers": list(space.layers), "search_space_size": space.size()})
 
@@ -182,7 +182,17 @@ def _progress_callback(search: SearchConfig) -> Any:
     return callback
 
 
-def _write_outputs(folder: Path, study: Any, search: SearchConfig, table: dict[str, Any],
+def _transform_options(options: Any) -> dict[str, Any]:
+    """The run options a front TOML needs to rebuild the searched model (checkpoint path made absolute)."""
+    table = {"model": options["model"], "dataset": options["dataset"], "seed": options["seed"]}
+    if options["load"] is not None:
+        table["load_name"] = str(Path(options["load"]).resolve())
+        if options["load_type"] is not None:
+            table["load_type"] = options["load_type"]
+    return table
+
+
+def _write_outputs(folder: Path, study: Any, search: SearchConfig, options: dict[str, Any],
                    references: dict[str, dict[str, float]], run: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     from lowbit.search.chart import draw_chart
     from lowbit.search.page import write_page
@@ -190,8 +200,6 @@ def _write_outputs(folder: Path, study: Any, search: SearchConfig, table: dict[s
     records = completed_records(study)
     directions = {name: direction for name, (_, direction) in search.metrics.items()}
     front = pareto_front(records, directions)
-    keep = ("model", "dataset", "load_name", "load_type", "task", "batch_size", "seed")
-    options = {key: table[key] for key in keep if key in table}
     task_metric = next((m for m in ("accuracy", "mean_cosine", "loss") if records and m in records[0]["metrics"]),
                        "accuracy")  # fmt: skip
     extra = {"study": search.study_name, "trials": len(records), "directions": directions, "uniform": references,
