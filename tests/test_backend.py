@@ -33,6 +33,7 @@ def case_input(seed: int) -> torch.Tensor:
 def fresh_backend():
     backend.clear_cache()
     yield
+    backend.set_background_compile(None)
     backend.set_backend("eager")
     assert backend.wait_for_background(timeout=300)  # no kernel still compiling into the next test
     backend.clear_cache()
@@ -202,6 +203,7 @@ def test_auto_first_calls_never_wait_for_the_compiler_and_the_swap_keeps_the_bit
     backend.set_backend("eager")
     want = spec(x)
     backend.set_backend("auto")
+    backend.set_background_compile(True)
     signature = backend.kernel_signature(spec, tuple(x.shape), x.dtype)
     before = [spec(x) for _ in range(backend.HOT_CALLS + 3)]  # hot after HOT_CALLS: queued, not awaited
     assert not slow.gate.is_set() and not backend.is_ready(signature)
@@ -215,11 +217,31 @@ def test_auto_first_calls_never_wait_for_the_compiler_and_the_swap_keeps_the_bit
         assert_same(got, want)
 
 
+def test_auto_compiles_nothing_in_the_background_unless_asked(monkeypatch):
+    """Off by default: a compile traces with torch.fx, which patches nn.Module.__call__ for every thread."""
+    slow = SlowCompiler(monkeypatch)
+    slow.gate.set()
+    spec = lowbit.get_format("e4m3")()
+    backend.set_backend("auto")
+    x = torch.randn(128, 256)
+    for _ in range(backend.HOT_CALLS + 3):
+        spec(x)
+    assert slow.threads == [] and backend._tiers["queued"] == set()
+    assert not backend.is_ready(backend.kernel_signature(spec, (128, 256), torch.float32))
+    monkeypatch.setenv("LOWBIT_BACKGROUND_COMPILE", "1")
+    assert backend.background_compile()
+    backend.set_background_compile(False)
+    assert not backend.background_compile()
+    with pytest.raises(lowbit.ConfigError):
+        backend.set_background_compile("yes")
+
+
 def test_auto_swaps_per_shape_and_keeps_small_tensors_eager(monkeypatch):
     slow = SlowCompiler(monkeypatch)
     slow.gate.set()
     spec = lowbit.get_format("integer")(width=8, frac_width=4)
     backend.set_backend("auto")
+    backend.set_background_compile(True)
     big, other = torch.randn(128, 256), torch.randn(64, 512)
     for _ in range(backend.HOT_CALLS):
         spec(big)

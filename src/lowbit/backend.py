@@ -64,6 +64,24 @@ def set_backend(name: str) -> None:
     _state["backend"] = _checked(name, "set_backend")
 
 
+def set_background_compile(enabled: bool | None) -> None:
+    """Let ``auto`` compile hot kernels on a background thread (True), or not (False); None: back to
+    $LOWBIT_BACKGROUND_COMPILE (off unless "1" / "true"). Off by default: compiling traces with torch.fx,
+    which patches ``nn.Module.__call__`` process-wide while it runs, so a model called meanwhile on another
+    thread (the caller's!) can fail ("module is not installed as a submodule"). Turn it on only where
+    nothing else calls modules while kernels compile; ``lowbit.warmup`` compiles in the foreground, safely."""
+    if enabled is not None and not isinstance(enabled, bool):
+        raise ConfigError(f"set_background_compile: expected True, False or None, got {enabled!r}")
+    _state["background"] = enabled
+
+
+def background_compile() -> bool:
+    """Whether ``auto`` queues hot kernels for the background thread (see :func:`set_background_compile`)."""
+    if _state.get("background") is None:
+        return os.environ.get("LOWBIT_BACKGROUND_COMPILE", "").strip().lower() in ("1", "true", "yes", "on")
+    return bool(_state["background"])
+
+
 def get_backend() -> str:
     """The backend in force: the one set, else $LOWBIT_BACKEND, else "auto"."""
     if _state["backend"] is None:
@@ -121,8 +139,8 @@ def _ready_or_counted(key: _KernelKey, x: torch.Tensor) -> bool:
     signature = _signature(key, x)
     if signature in _tiers["ready"]:
         return True
-    if not x.is_contiguous() or x.device.type == "meta":
-        return False  # the background sample is contiguous; meta tensors have nothing to run
+    if not background_compile() or not x.is_contiguous() or x.device.type == "meta":
+        return False  # off by default; the background sample is contiguous; meta tensors have nothing to run
     with _tier_lock:
         calls = _tiers["calls"][key] = _tiers["calls"].get(key, 0) + 1
         if calls >= HOT_CALLS and signature not in _tiers["queued"]:

@@ -103,20 +103,20 @@ def _run(config: Any, save_dir: Any, n_trials: int | None, storage: str | None, 
 
 @contextlib.contextmanager
 def _no_background_compiles() -> Any:
-    """The ``auto`` backend compiles hot kernels on a background thread, and that compile (torch.fx tracing
-    patches ``nn.Module.__call__`` process-wide) can break a forward pass running at the same moment; a
-    search runs forward passes back to back, so it evaluates eagerly under ``auto`` (``compiled``, which
+    """With background compiles turned on (``backend.set_background_compile(True)``), a compile (torch.fx
+    tracing patches ``nn.Module.__call__`` process-wide) can break a forward pass running at the same
+    moment; a search runs forward passes back to back, so it then evaluates eagerly (``compiled``, which
     compiles in the caller's thread, is kept)."""
     from lowbit import backend
 
     previous = backend.get_backend()
-    if previous == "auto":
+    if previous == "auto" and backend.background_compile():
         backend.wait_for_background()
         backend.set_backend("eager")
     try:
         yield
     finally:
-        if previous == "auto":
+        if previous == "auto" and backend.get_backend() == "eager":
             backend.set_backend("auto")
 
 
