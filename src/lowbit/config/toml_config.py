@@ -54,7 +54,7 @@ MASE_UNSUPPORTED = {
     "no_warnings": "use Python's -W ignore",
 }
 # MASE sections for actions lowbit does not have: skipped with a warning (MASE's transform skips them too).
-IGNORED_SECTIONS = {"search": "lowbit has no search action; the [search.*] tables (MASE's ch search) are skipped"}
+IGNORED_SECTIONS = {"search": "the [search.*] tables (MASE's ch search) belong to `lowbit search --config`; transform skips them"}
 TRANSFORM_KEYS = {"style": ("graph", "module")}
 
 

@@ -55,6 +55,8 @@ def _data_kind(spec) -> tuple[str | None, str]:
     if dynamic:
         if spec.symmetric and not spec.signed:
             return None, "data_in: unsigned symmetric dynamic codes have no kernel"
+        if not spec.block_size and (spec.symmetric or spec.bits != 8):
+            return None, "data_in: per-tensor dynamic codes run as asymmetric 8-bit (symmetric=False, bits=8) only"
         return ("token" if spec.block_size else "tensor"), ""
     if spec.scale is not None and len(spec.scale) == 1 and len(spec.zero_point or (0,)) == 1 and not spec.narrow_range:
         return "static", ""
