@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,11 +104,14 @@ def _quantize(run: TransformRun, args: dict[str, Any]) -> Any:
 def check_quantize(run: TransformRun, args: dict[str, Any]) -> None:
     """Dry run of the quantize pass on a copy: every node's config checked before any real work."""
     from lowbit.graph import QGraph, quantize_module_transform_pass, quantize_transform_pass
+    from lowbit.nn.config import ConfigWarning
 
-    if run.style == "module":
-        quantize_module_transform_pass(copy.deepcopy(run.model), args)
-    else:
-        quantize_transform_pass(QGraph(copy.deepcopy(run.model.model)), args)
+    with warnings.catch_warnings():  # the real run warns; the dry run would say it all a second time
+        warnings.simplefilter("ignore", ConfigWarning)
+        if run.style == "module":
+            quantize_module_transform_pass(copy.deepcopy(run.model), args)
+        else:
+            quantize_transform_pass(QGraph(copy.deepcopy(run.model.model)), args)
 
 
 _CALIBRATE_KEYS = ("num_batches", "observer", "observer_args", "bits", "signed", "symmetric", "weight_bits",
