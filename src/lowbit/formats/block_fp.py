@@ -14,12 +14,13 @@ largest code: e = floor(log2(max|x|)), plus one when the block maximum would rou
 stochastic rounding, when it *could*: the test rounds away from zero, so no draw ever overflows). It is
 clamped to the E-bit range [-B, 2^E - 1 - B] (``exponent_width`` E, ``exponent_bias`` B), and also to the
 largest exponent whose top value the input dtype can hold (127 for float32 / bfloat16 inputs). Where W - 1
-exceeds the input dtype's significand (W > 25 for float32), the top codes of that exponent lie above the
-dtype's largest finite value: they saturate to it (a multiple of the step too), never to inf.
+exceeds the input dtype's significand p (W > 25 for float32), the largest code is 2^M - 2^(M - p), the
+largest the dtype holds exactly: at e = 127 that is float32's largest finite value (never inf), and no
+block maximum rounds up into the next binade in the output (which would change the exponent next pass).
 
 Limits: largest value (2 - 2^(1 - M)) * 2^(2^E - 1 - B); smallest positive value 2^(-B - M + 1) (a block
 whose maximum is below 2^-B uses e = -B). Zero is m = 0 (its sign follows the input, so -0.0 stays -0.0).
-Out-of-range values saturate to +-(2^M - 1) * step of their block; +-inf do not take part in choosing the
+Out-of-range values saturate to +-(largest code) * step of their block; +-inf do not take part in choosing the
 block exponent and saturate to their block's largest magnitude; NaN stays NaN and is ignored when choosing
 the exponent. A block with no finite non-zero element uses e = -B (zeros stay zero), or the largest
 exponent if it holds an inf, so that a lone inf saturates to the format's max as a scalar format's would.
@@ -168,23 +169,29 @@ class BlockFP(FormatSpec):
         block = block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim)
         max_exponent = min(self.max_exponent, dtype_max_exponent(x.dtype))
 
+        top_code = self._top_code(x.dtype)
+
         def quantize_blocks(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-            return self._quantize_blocks(blocked, dims, max_exponent, generator)
+            return self._quantize_blocks(blocked, dims, max_exponent, top_code, generator)
 
-        # float64 holds every float32 value, step and scale factor exactly (see _EXPONENT_LIMIT). Wider
-        # mantissas than x's own (W > 25 for float32) put the top codes of the largest exponent above x's
-        # largest finite value; they saturate there (itself a multiple of the step) instead of becoming inf.
-        out = apply_blockwise(x.double(), block, quantize_blocks)
-        if x.dtype != torch.float64:
-            limit = torch.finfo(x.dtype).max
-            out = out.clamp_(-limit, limit)
-        return out.to(x.dtype)
+        # float64 holds every float32 value, step and scale factor exactly (see _EXPONENT_LIMIT); the top
+        # code fits x's dtype (_top_code), so the cast back neither rounds a block past its exponent nor,
+        # at the largest exponent, past the dtype's largest finite value.
+        return apply_blockwise(x.double(), block, quantize_blocks).to(x.dtype)
 
-    def _quantize_blocks(self, blocked, dims, max_exponent: int, generator) -> torch.Tensor:
+    def _top_code(self, dtype: torch.dtype) -> float:
+        """The largest code: 2^M - 1, or where M exceeds ``dtype``'s significand (W > 25 for float32) the
+        largest code that ``dtype`` holds exactly, 2^M - 2^(M - p): the top codes above it would round up to
+        2^(e + 1) in the output, and the next pass would choose a larger exponent (not idempotent)."""
+        significand = 1 - round(math.log2(torch.finfo(dtype).eps))  # 24 for float32, 53 for float64
+        if self.mantissa_bits <= significand:
+            return 2.0**self.mantissa_bits - 1
+        return 2.0**self.mantissa_bits - 2.0 ** (self.mantissa_bits - significand)
+
+    def _quantize_blocks(self, blocked, dims, max_exponent: int, top_code: float, generator) -> torch.Tensor:
         mantissa_bits = self.mantissa_bits
         exponent = shared_exponent(blocked, dims, mantissa_bits, self.rounding, self.min_exponent, max_exponent)
         step = exact_pow2(exponent - mantissa_bits + 1, blocked.dtype)
-        top_code = 2.0**mantissa_bits - 1
         scaled = blocked / step  # exact: a power of two
         codes = scaled.round_() if self.rounding == "nearest_even" else round_to_integer(scaled, self.rounding, generator)
         return codes.clamp_(-top_code, top_code).mul_(step)

@@ -330,11 +330,18 @@ class Affine(FormatSpec):
 
         The scale goes to a power of two (up) if asked, then to its stored precision: to nearest, as a
         plain cast stores it, except where that would put the block's low or high more than half a step
-        past the codes; there it is rounded up instead, so a block's extremes never saturate.
+        past the codes; there it is rounded up instead, so a block's extremes never saturate. Directed modes
+        round it down instead: a stored scale above the min-max one would leave an end code unused under
+        "up" / "down" (the extremes move inward and the next pass derives a smaller scale); rounded down,
+        the extremes land on or just past the end codes (saturating by less than 2^-7 of the range for
+        bf16) and the output re-derives the same scale.
         """
         raw = safe_scale(raw)
         if self.power_of_two:
             raw = ceil_power_of_two(raw)
+        if self.rounding in _NOT_ABOVE_X:
+            scale = shorten_scale(safe_scale(round_scale_down(raw, self.scale_dtype)), self.bits)
+            return scale, self._derived_zero_point(low, scale)
         scale = safe_scale(round_scale(raw, self.scale_dtype))
         zero_point = self._derived_zero_point(low, scale)
         if self.scale_dtype != "f32":

@@ -49,6 +49,7 @@ from lowbit.formats.blocking import (
     block_shape,
     block_statistics,
     finite_abs_max,
+    finite_min_max,
     given_per_axis,
     scaled_bits_per_element,
 )
@@ -208,17 +209,56 @@ class _OcpFloat(FormatSpec):
         if not self.is_scaled:
             return round_element(x, self.element, self.rounding, self.saturate, generator)
         if self.scale is not None:
-            scale = self.given_scale(x)
-            return round_element(x / scale, self.element, self.rounding, self.saturate, generator) * scale
+            return self._round_scaled(x, self.given_scale(x), generator)
         block = block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim)
         return apply_blockwise(x, block, lambda blocked, dims: self._quantize_block(blocked, dims, generator))
 
     def _quantize_block(self, blocked: torch.Tensor, dims: tuple[int, ...], generator) -> torch.Tensor:
-        scale = self._block_scale(blocked, dims)
-        return round_element(blocked / scale, self.element, self.rounding, self.saturate, generator) * scale
+        out = self._round_scaled(blocked, self._block_scale(blocked, dims), generator)
+        # A scale rounded up to scale_dtype can put max_element * s just past the float range: finite data
+        # saturates there instead of becoming inf (derived scales never overflow an element otherwise).
+        limit = torch.finfo(out.dtype).max
+        return torch.where(torch.isinf(out) & torch.isfinite(blocked), out.clamp(-limit, limit), out)
+
+    def _round_scaled(self, x: torch.Tensor, scale: torch.Tensor, generator) -> torch.Tensor:
+        """s * element(x / s). Under a directed mode a value already on the grid stays: s * e is rounded to
+        x's precision, so x / s can come back an ulp below e and "down" would move it a whole element."""
+        out = round_element(x / scale, self.element, self.rounding, self.saturate, generator) * scale
+        if self.rounding not in ("up", "down", "toward_zero", "away_from_zero"):
+            return out
+        nearest = round_element(x / scale, self.element, "nearest_even", True, None) * scale
+        return torch.where(nearest == x, nearest, out)
 
     def _block_scale(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-        return covering_scale(finite_abs_max(blocked, dims), self.element.max_value, self.scale_dtype)
+        element_max = self.element.max_value
+        amax = finite_abs_max(blocked, dims)
+        scale = covering_scale(amax, element_max, self.scale_dtype)
+        if self.rounding not in ("toward_zero", "down", "up"):
+            return scale
+        return self._inward_scale(blocked, dims, amax, scale)
+
+    def _inward_scale(self, blocked, dims, amax: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """Directed modes that round the block's extreme toward zero (toward_zero; down for a positive
+        extreme, up for a negative one): the next smaller scale, unless the covering one is exact.
+
+        With the covering scale the extreme lies just below max_element * s and rounds down to the element
+        below max, and the next pass derives a smaller scale (the grid moves every pass). One scale step
+        smaller, the extreme lies at or past max_element and rounds (toward zero) onto it: the output's
+        maximum is max_element * s and re-derives this scale. Not taken where the other sign's extreme would
+        then overflow away from zero (down / up), nor below the scale dtype's smallest normal.
+        """
+        element_max = self.element.max_value
+        low, high = finite_min_max(blocked, dims)
+        smaller = _next_scale(scale, _TORCH_SCALE_DTYPES[self.scale_dtype], 0.0)
+        usable = (smaller >= torch.finfo(_TORCH_SCALE_DTYPES[self.scale_dtype]).tiny) & (scale * element_max != amax)
+        if self.rounding == "toward_zero":
+            inward = torch.ones_like(usable)
+        else:
+            positive = high >= -low  # the extreme is positive
+            rounded_inward = positive if self.rounding == "down" else ~positive
+            other = torch.where(positive, -low, high)  # the other sign's largest magnitude
+            inward = rounded_inward & (other <= smaller * element_max)
+        return torch.where(usable & inward, smaller, scale)
 
     def given_scale(self, x: torch.Tensor) -> torch.Tensor:
         """The given ``scale`` rounded to ``scale_dtype`` (``stored_scale``), in x's dtype (float32 / float64
