@@ -169,3 +169,47 @@ def test_affine_toward_zero_stays_inside_the_data_and_pins_both_ends():
     parameters = spec.scale_and_zero_point(x)
     codes = torch.round(y / parameters.scale) + parameters.zero_point
     assert codes.min() == -8 and codes.max() == 7  # both end codes in use: the grid re-derives unchanged
+
+
+@pytest.mark.parametrize("rounding", DIRECTED)
+@pytest.mark.parametrize(
+    "params", [{"scale_dtype": "bf16"}, {"scale_dtype": "f16", "bits": 5}, {"scale_dtype": "bf16", "symmetric": True},
+               {"bits": 2, "signed": False, "scale_dtype": "f16"}], ids=repr,
+)  # fmt: skip
+def test_affine_directed_modes_with_half_precision_scales_are_idempotent(rounding, params):
+    spec = lowbit.get_format("affine")(rounding=rounding, **params)
+    for seed in range(8):
+        generator = torch.Generator().manual_seed(seed)
+        x = torch.randn(4, 64, generator=generator) * 10 ** torch.randn((), generator=generator) + 0.2
+        once = spec(x)
+        assert torch.equal(spec(once), once), seed
+
+
+# ---- scaled OCP elements: directed modes are idempotent ------------------------------------------------------
+@pytest.mark.parametrize("name", ["e4m3", "e5m2", "e2m1"])
+@pytest.mark.parametrize("rounding", DIRECTED)
+@pytest.mark.parametrize("saturate", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_scaled_elements_are_idempotent_under_directed_modes(name, rounding, saturate, dtype):
+    cases = ({"block_size": [1, 32]}, {"axis": 0}, {"block_size": [1, 8], "scale_dtype": "bf16"}, {"scale": 0.37})
+    for params in cases:
+        spec = lowbit.get_format(name)(rounding=rounding, saturate=saturate, **params)
+        for seed in range(4):
+            generator = torch.Generator().manual_seed(seed)
+            x = (torch.randn(4, 32, generator=generator, dtype=torch.float64) * 3).to(dtype)
+            once = spec(x)
+            assert torch.isfinite(once).all() or "scale" in params
+            assert torch.equal(spec(once), once), (params, seed)
+
+
+def test_scaled_element_down_keeps_grid_values_and_the_block_maximum():
+    x = torch.tensor([[0.3, -0.07015062, 2.2339, 1.1209]])
+    spec = lowbit.get_format("e4m3")(rounding="down", axis=0)
+    once = spec(x)
+    assert (once <= x).all()
+    assert once.max() == 448 * spec.scales(x).max()  # the positive extreme lands on max_element * s
+
+
+def test_scaled_element_near_the_float_max_stays_finite():
+    y = lowbit.quantize(t([[3.4e38]]), "e3m2", axis=0, scale_dtype="bf16", saturate=False)
+    assert torch.isfinite(y).all()

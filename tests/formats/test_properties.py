@@ -48,9 +48,10 @@ def _preset():
 
 
 def _element():
+    scales = st.one_of(positive, st.lists(positive, min_size=1, max_size=3))
     return st.fixed_dictionaries({}, optional={"saturate": flag, "axis": small_axis, "block_size": block,
                                                "skip_first_dim": flag, "scale_dtype": scale_dtype,
-                                               "scale": st.one_of(positive, st.lists(positive, min_size=1, max_size=3))})  # fmt: skip
+                                               "scale": scales})  # fmt: skip
 
 
 def _mx():

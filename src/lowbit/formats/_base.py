@@ -250,7 +250,8 @@ def check_block_size(spec: FormatSpec, name: str = "block_size") -> tuple[int, .
         items = value
     else:
         raise _fail(spec, name, value, legal)
-    if not items or any(not isinstance(b, numbers.Integral) or isinstance(b, bool) or (b < 1 and b != -1) for b in items):
+    if not items or any(isinstance(b, bool) or not isinstance(b, numbers.Integral) or (b < 1 and b != -1)
+                        for b in items):  # fmt: skip
         raise _fail(spec, name, value, legal)
     block = tuple(int(b) for b in items)
     set_field(spec, name, block)

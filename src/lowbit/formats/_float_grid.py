@@ -92,8 +92,8 @@ def grid_step(x: torch.Tensor, mantissa_bits: int, min_exponent: int | torch.Ten
         if not isinstance(min_exponent, torch.Tensor):
             if min_exponent - mantissa_bits >= 1 - bias:
                 return _step_from_bits(x, mantissa_bits, min_exponent)
-        elif not _compiling() and x.device.type != "meta" and min_exponent.numel() and bool((min_exponent - mantissa_bits >= 1 - bias).all()):
-            return _step_from_bits(x, mantissa_bits, min_exponent)  # eager only: the check reads the data (none on meta)
+        elif _can_read(x) and min_exponent.numel() and bool((min_exponent - mantissa_bits >= 1 - bias).all()):
+            return _step_from_bits(x, mantissa_bits, min_exponent)  # eager only: the check reads the data
     exponent = floor_log2(x.abs())
     if isinstance(min_exponent, torch.Tensor):
         # Widen to the per-block tensor's integer type (not narrow it): mixing int32 and int64 lanes trips
@@ -102,6 +102,11 @@ def grid_step(x: torch.Tensor, mantissa_bits: int, min_exponent: int | torch.Ten
     else:
         exponent = exponent.clamp(min=min_exponent)
     return exact_pow2(exponent - mantissa_bits, x.dtype)
+
+
+def _can_read(x: torch.Tensor) -> bool:
+    """Whether a data-dependent branch may read x's values: eagerly, and not on meta (shapes only)."""
+    return not _compiling() and x.device.type != "meta"
 
 
 def _step_from_bits(x: torch.Tensor, mantissa_bits: int, min_exponent: int | torch.Tensor) -> torch.Tensor:
