@@ -16,5 +16,6 @@ settings.register_profile(
     max_examples=int(os.environ.get("LOWBIT_HYPOTHESIS_EXAMPLES", "60")),
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=True,
+    database=None,  # no replay of examples stored by earlier runs: every run draws the same examples
 )
 settings.load_profile("lowbit")

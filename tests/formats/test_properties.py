@@ -127,11 +127,15 @@ def _known_not_idempotent(spec, x: torch.Tensor) -> bool:
     derived asymmetric affine scales stored as f16 / bf16 under a nearest mode (rounded to nearest, the
     stored scale can leave the top code unused), derived affine scales of codes wider than 11 bits
     (scaling.shorten_scale), derived affine grids whose end lies past the float range (data
-    within a step of float32's max: the end value saturates off the grid), and ternary with a fixed threshold
+    within a step of float32's max: the end value saturates off the grid; the same for MX / block formats'
+    shared scales near float32's max), and ternary with a fixed threshold
     at or above its own nonzero value (1 unscaled, or a given alpha): that value is not above the threshold;
     and formats with values past x's dtype's range (they saturate at its max, off their own grid)."""
     if _largest_value(spec) > torch.finfo(x.dtype).max:
         return True  # values past x's dtype: the top saturates to its max, off the format's grid
+    finite = x[torch.isfinite(x)].abs()
+    if spec.format_name.startswith(("mx", "block_")) and finite.numel() and float(finite.max()) > 1e38:
+        return True  # a shared scale derived near float32's max: the block's grid ends past the float range
     if isinstance(spec, lowbit.get_format("ternary")):
         threshold = spec.fixed_threshold or 0.0
         unit = min(spec.alpha) if spec.alpha is not None else (1.0 if not spec.scaling_factor else math.inf)
