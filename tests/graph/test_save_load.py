@@ -6,6 +6,7 @@ import hashlib
 import json
 import operator
 import re
+import tomllib
 import types
 
 import pytest
@@ -434,7 +435,10 @@ def test_save_node_meta_param_pass(tmp_path):
     graph.node("_2").meta["mase"] = types.SimpleNamespace(parameters={"common": {"mase_op": "linear", "x": None}})
     out = tmp_path / "meta.toml"
     assert save_node_meta_param_interface_pass(graph, {"save_path": str(out)}) == (graph, {})
-    assert out.read_text() == '[_2.common]\nmase_op = "linear"\nx = "NA"\n'
+    header, body = out.read_text().split("\n", 1)
+    assert header.startswith("# lowbit.statistics version 1 sha256 ")  # sealed: stats-to-config reads this file
+    assert body == '[_2.common]\nmase_op = "linear"\nx = "NA"\n'
+    assert tomllib.loads(out.read_text()) == {"_2": {"common": {"mase_op": "linear", "x": "NA"}}}  # still TOML
 
 
 def test_forged_huge_module_is_refused_before_allocating(tmp_path, monkeypatch):

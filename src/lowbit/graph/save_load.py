@@ -153,9 +153,13 @@ def load_mase_graph_interface_pass(graph: QGraph | None = None, pass_args: Mappi
 
 
 def save_node_meta_param_interface_pass(graph: QGraph, pass_args: Mapping[str, Any] | str | None = None):
-    """MASE's pass: writes ``{node_name: parameters}`` to ``pass_args["save_path"]`` -> ``(graph, {})``."""
+    """MASE's pass: writes ``{node_name: parameters}`` to ``pass_args["save_path"]`` -> ``(graph, {})``, with
+    the statistics file's sealed header line (a TOML comment: MASE's readers still read it), since
+    ``lowbit stats-to-config`` reads this file as statistics."""
+    from lowbit.graph.stats_file import sealed_statistics_text
+
     args = _pass_args("save_node_meta_param_interface_pass", pass_args, {"save_path": REQUIRED})
-    atomic_write_text(args["save_path"], node_meta_toml(graph))
+    atomic_write_text(args["save_path"], sealed_statistics_text(node_meta_toml(graph)))
     return graph, {}
 
 

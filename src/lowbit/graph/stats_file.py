@@ -86,8 +86,13 @@ def graph_statistics(graph: Any) -> dict[str, Any]:
 def save_statistics(graph: Any, path: str | os.PathLike) -> dict[str, Any]:
     """Write the graph's statistics to ``path`` (atomically) and return the table written."""
     table = graph_statistics(graph)
-    atomic_write_text(path, seal_text(f"{HEADER} {PLACEHOLDER}\n" + _tomli_w().dumps(table)))
+    atomic_write_text(path, sealed_statistics_text(_tomli_w().dumps(table)))
     return table
+
+
+def sealed_statistics_text(toml_text: str) -> str:
+    """``toml_text`` behind the versioned header line whose seal covers the whole file."""
+    return seal_text(f"{HEADER} {PLACEHOLDER}\n" + toml_text)
 
 
 def _plain(value: Any) -> Any:
