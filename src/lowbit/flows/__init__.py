@@ -59,7 +59,7 @@ def describe(model: nn.Module) -> dict[str, str]:
     from lowbit.nn.modules import QuantModule
     from lowbit.ops import REAL_MODULES
 
-    real_classes = tuple(REAL_MODULES.values()) if isinstance(REAL_MODULES, dict) else tuple(REAL_MODULES)
+    real_classes = tuple(REAL_MODULES.values())
     out = {}
     for name, module in root_module(model, "describe").named_modules():
         if isinstance(module, QuantModule):

@@ -30,18 +30,13 @@ def layer_row(stats: LayerStats) -> dict[str, Any]:
         return _real_row(stats)
     roles = {role: _role_entry(stats, role) for role in ROLES if _has_role(stats, role)}
     stored = {role: stats.parameters[role] for role in roles if role in stats.parameters}
-    shares = [entry["clamped_share"] for entry in roles.values() if entry["clamped_share"] is not None]
     return {
         "name": layer.name, "op": layer.op, "kind": layer.kind, "module": layer.module_path,
         "formats": layer.formats.describe(), "bypass": layer.formats.bypass, "roles": roles,
         "parameters": sum(p.numel() for p in stored.values()),
         "bytes": sum(storage_bytes(roles[r]["bits_per_element"], p.numel()) for r, p in stored.items()),
         "fp32_bytes": sum(storage_bytes(FP32_BITS, p.numel()) for p in stored.values()),
-        "sqnr_db": stats.output.sqnr_db, "relative_error": stats.output.relative_error,
-        "local_sqnr_db": stats.local.sqnr_db, "local_relative_error": stats.local.relative_error,
-        "clamped_share": max(shares) if shares else None,
-        "output_elements": stats.output.elements, "nonfinite_outputs": stats.output.nonfinite,
-        "float_nonfinite_outputs": stats.output.float_nonfinite, "calls": stats.calls, "latency": None,
+        **_measured(stats, roles),
     }  # fmt: skip
 
 
@@ -59,11 +54,18 @@ def _real_row(stats: LayerStats) -> dict[str, Any]:
         roles["bias"] = {"format": "float", "bits_per_element": float(FP32_BITS), "shape": list(twin.bias.shape),
                          "stored": True, "clamped_share": None}  # fmt: skip
     count = weight.numel() + (twin.bias.numel() if twin.bias is not None else 0)
-    shares = [entry["clamped_share"] for entry in roles.values() if entry["clamped_share"] is not None]
     return {
         "name": layer.name, "op": layer.op, "kind": "real", "module": layer.module_path,
         "formats": real.describe(module), "bypass": False, "roles": roles, "parameters": count,
         "bytes": real.stored_bytes(module), "fp32_bytes": storage_bytes(FP32_BITS, count),
+        **_measured(stats, roles),
+    }  # fmt: skip
+
+
+def _measured(stats: LayerStats, roles: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The row fields every layer kind shares: output error, clamping, element counts, calls."""
+    shares = [entry["clamped_share"] for entry in roles.values() if entry["clamped_share"] is not None]
+    return {
         "sqnr_db": stats.output.sqnr_db, "relative_error": stats.output.relative_error,
         "local_sqnr_db": stats.local.sqnr_db, "local_relative_error": stats.local.relative_error,
         "clamped_share": max(shares) if shares else None,
