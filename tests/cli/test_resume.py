@@ -115,6 +115,20 @@ def test_resuming_a_finished_run_trains_no_further(runs):
     assert all(torch.equal(after["state_dict"][key], value) for key, value in before["state_dict"].items())
 
 
+def test_last_checkpoint_is_the_latest_epoch_even_when_val_loss_stops_improving(tmp_path):
+    """At a learning rate of 1e-30 (no weight moves by an ulp) val_loss never improves after epoch 0: best.ckpt
+    stays at epoch 0 while last.ckpt follows every epoch, and a max_steps that ends an epoch early is saved too
+    (Lightning's save_last would leave last.ckpt at epoch 0, and a resumed run would repeat the epochs after it)."""
+    assert _train(tmp_path, "flat", "--max-epochs", "3", "--learning-rate", "1e-30") == 0
+    folder = _checkpoints(tmp_path, "flat")
+    best, last = _load(folder / "best.ckpt"), _load(folder / "last.ckpt")
+    assert best["epoch"] == 0 and last["epoch"] == 2 and last["global_step"] == 3 * best["global_step"]
+    steps = last["global_step"]
+    assert _train(tmp_path, "flat", "--max-epochs", "5", "--max-steps", str(steps + 2), "--learning-rate", "1e-30",
+                  "--resume") == 0  # fmt: skip
+    assert _load(folder / "last.ckpt")["global_step"] == steps + 2
+
+
 def test_a_run_killed_mid_training_resumes_from_its_last_checkpoint(tmp_path):
     """A real SIGKILL: the checkpoints left are intact (their checksums hold) and --resume continues."""
     import os

@@ -76,11 +76,16 @@ def fit(model: nn.Module, options: Any, checkpoint_dir: str | Path, log_dir: str
     data = DataModule(options["dataset"], options["batch_size"], make_loader=make_loader, seed=options["seed"],
                       num_workers=options["num_workers"])  # fmt: skip
     checkpoint = ModelCheckpoint(dirpath=str(checkpoint_dir), filename="best", monitor="val_loss", mode="min",
-                                 save_top_k=1, save_last=True, enable_version_counter=False)  # fmt: skip
+                                 save_top_k=1, enable_version_counter=False)  # fmt: skip
+    # last.ckpt is written at the end of every training epoch (and when max_steps stops one early), whether or not
+    # val_loss improved: Lightning's own save_last writes it only beside a new best, so a killed run would resume
+    # from its last improvement and repeat the epochs after it.
+    latest = ModelCheckpoint(dirpath=str(checkpoint_dir), filename="last", monitor=None, save_top_k=1,
+                             save_on_train_epoch_end=True, enable_version_counter=False)  # fmt: skip
     trainer = L.Trainer(
         max_epochs=options["max_epochs"], max_steps=options["max_steps"], accelerator=options["accelerator"],
         devices=devices, num_nodes=options["num_nodes"], strategy=options["strategy"],
-        callbacks=[checkpoint], logger=CSVLogger(str(log_dir), name="", version=_log_version(log_dir, resume_from)),
+        callbacks=[checkpoint, latest], logger=CSVLogger(str(log_dir), name="", version=_log_version(log_dir, resume_from)),
         enable_progress_bar=options["progress"], enable_model_summary=False, deterministic=False,
         log_every_n_steps=options["log_every_n_steps"], accumulate_grad_batches=options["accumulate_grad_batches"],
         precision=options["trainer_precision"], plugins=[SealedCheckpointIO()],
@@ -93,7 +98,7 @@ def fit(model: nn.Module, options: Any, checkpoint_dir: str | Path, log_dir: str
             trainer.fit(module, datamodule=data, ckpt_path=None if resume_from is None else str(resume_from))
     metrics = {key: float(value) for key, value in trainer.callback_metrics.items()}
     best = Path(checkpoint.best_model_path) if checkpoint.best_model_path else None
-    last = Path(checkpoint.last_model_path) if checkpoint.last_model_path else None
+    last = Path(latest.best_model_path) if latest.best_model_path else None
     return FitResult(best, last, metrics, trainer.is_global_zero, module)
 
 
