@@ -17,7 +17,7 @@ reports test accuracy (%). Rows:
   are kept in the same format with stochastic rounding (LowPrecisionOptimizer).
 - accumulator: an MLP 64-1536-768-10 trained with 8-bit fixed-point operands (QAT, float sums), then
   evaluated with the K = 1536 layer's sums in a 16-bit integer register on the products' step (saturating /
-  wrapping, chunk 1 / 64 / 1536), an int16 register flushed into a wide one every 16 / 64 / 256 products,
+  wrapping, chunk 1 / 64 / 1536), an int16 register flushed into float32 every 16 / 64 / 256 products (accumulator_flush),
   20 / 24 / 32-bit registers, float. One trained model per seed; every row evaluates that model.
 - weights_Nb: QAT with only the weights in N-bit per-channel affine (2, 3, 4 bits), rounded to nearest or
   stochastically in every training forward pass (evaluated with nearest rounding).
@@ -41,7 +41,7 @@ from lowbit.datasets.digits import digits  # noqa: E402
 from lowbit.formats import resolve  # noqa: E402
 from lowbit.models.digits import DigitsCNN, DigitsMLP  # noqa: E402
 from lowbit.nn import QuantConv2d, QuantLinear, RoleFormats  # noqa: E402
-from lowbit.nn.accumulate import Accumulator, accumulated_matmul  # noqa: E402
+from lowbit.nn.accumulate import Accumulator  # noqa: E402
 from lowbit.optim import LowPrecisionOptimizer  # noqa: E402
 
 
@@ -124,9 +124,8 @@ def weight_formats(bits: int, rounding: str):
 # register's step is the products' step 2^-16 (it holds every product of two codes exactly, as an
 # integer MAC's code-by-code register does). Its range is then +-0.5, while the trained layer's dot
 # products reach about 7.5: the register must overflow. The remedies: a wider register on the same step,
-# or an int16 register flushed every F products into a wide one (the int16 partial sums of F products,
-# added exactly; emulated by FlushedLinear below, since lowbit's accumulator_chunk rounds each chunk into
-# the one register instead).
+# or an int16 register flushed every F products into a float32 one (`accumulator_flush`: the int16 sums of
+# F products are added in float32, which holds these sums exactly: at most 2^20 steps of 2^-16).
 INT8_OPERANDS = dict(data_in=resolve("integer", width=8, frac_width=6), weight=resolve("integer", width=8, frac_width=10))
 STEP = 16  # frac width of the products: 6 + 10
 ACCUMULATORS = {
@@ -136,32 +135,16 @@ ACCUMULATORS = {
     "int16 saturate, chunk 64 (exact 64-sums rounded in)": Accumulator("integer", width=16, frac_width=STEP, chunk=64),
     "int16 saturate, one rounding of the exact sum (chunk 1536)": Accumulator("integer", width=16, frac_width=STEP,
                                                                              chunk=1536),  # fmt: skip
-    "int16 saturate, flushed into a wide register every 16 products": ("flush", 16),
-    "int16 saturate, flushed into a wide register every 64 products": ("flush", 64),
-    "int16 saturate, flushed into a wide register every 256 products": ("flush", 256),
+    "int16 saturate, flushed into float32 every 16 products": Accumulator("integer", width=16, frac_width=STEP,
+                                                                        flush=16),  # fmt: skip
+    "int16 saturate, flushed into float32 every 64 products": Accumulator("integer", width=16, frac_width=STEP,
+                                                                        flush=64),  # fmt: skip
+    "int16 saturate, flushed into float32 every 256 products": Accumulator("integer", width=16, frac_width=STEP,
+                                                                        flush=256),  # fmt: skip
     "int20 saturate, every product": Accumulator("integer", width=20, frac_width=STEP),
     "int24 saturate, every product": Accumulator("integer", width=24, frac_width=STEP),
     "int32 saturate, every product": Accumulator("integer", width=32, frac_width=STEP),
 }
-
-
-class FlushedLinear(nn.Module):
-    """A quantized Linear's forward (its operand roles) whose dot products run in an int16 register over
-    each block of ``flush`` consecutive k (product by product, saturating), every block's register value
-    then added exactly into a wide register (float64 holds these sums exactly); the bias is added last."""
-
-    def __init__(self, linear: QuantLinear, flush: int) -> None:
-        super().__init__()
-        self.linear, self.flush = linear, flush
-        self.register = Accumulator("integer", width=16, frac_width=STEP, overflow="saturate")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        formats = self.linear.formats
-        a = formats.apply("data_in", x).double()
-        w = formats.apply("weight", self.linear.weight).double().t()
-        total = sum(accumulated_matmul(a[:, k : k + self.flush], w[k : k + self.flush], self.register)
-                    for k in range(0, a.shape[1], self.flush))  # fmt: skip
-        return (total + self.linear.bias.double()).float()
 
 
 # ---- runs ---------------------------------------------------------------------------------------------
@@ -190,13 +173,8 @@ def accumulator_rows(tensors, epochs, seeds):
     for label, accumulator in ACCUMULATORS.items():
         results, started = [], time.perf_counter()
         for model in models:
-            trained = model.fc2
-            if isinstance(accumulator, tuple):
-                model.fc2 = FlushedLinear(trained, accumulator[1])
-            else:
-                trained.formats = RoleFormats(**INT8_OPERANDS, accumulator=accumulator)
+            model.fc2.formats = RoleFormats(**INT8_OPERANDS, accumulator=accumulator)
             results.append(accuracy(model, tensors))
-            model.fc2 = trained
         # seconds: the evaluation of the 270 test images under this accumulator, all seeds
         yield f"int8 operands, K=1536 layer: {label}", "mlp-1536", results, time.perf_counter() - started
 

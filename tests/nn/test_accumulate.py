@@ -134,6 +134,50 @@ def test_conv1d_and_matmul_functional_paths():
     assert torch.allclose(quantized_matmul(x, y, config={"accumulator": acc}), x @ y, atol=1e-2)
 
 
+@pytest.mark.parametrize("name, flush, chunk", [("integer", 16, 1), ("integer", 24, 8), ("e5m2", 32, 4),
+                                                ("bf16", 8, 1), ("fp16", 64, 16)])  # fmt: skip
+def test_flushed_register_equals_reference(name, flush, chunk):
+    """Two levels: the narrow register (saturating int16 here) is rounded into a float32 register every
+    ``flush`` products; K = 100 leaves a partial group at the end, flushed too, and the bias is added in float32."""
+    params = {"name": name, "chunk": chunk, "flush": flush}
+    if name == "integer":
+        params.update(width=16, frac_width=0)
+    acc = build_accumulator(params)
+    a, b, bias = _ints((4, 100)), _ints((100, 5), seed=1), _ints((5,), seed=2) / 3
+    fast = accumulated_matmul(a, b, acc, bias)
+    assert torch.equal(fast.double(), reference_matmul(a, b, acc, bias))
+    assert acc.to_dict()["flush"] == flush and build_accumulator(acc.to_dict()) == acc
+
+
+def test_flushing_recovers_what_a_narrow_register_loses():
+    """Sums of 256 products in 0..1600 overflow int16 and saturate in one register; flushed every 16 products
+    (a group sums to at most 16 * 1600 = 25600 < 32767) the float32 total is the exact sum."""
+    a, b = _ints((6, 256), 0, 41), _ints((256, 3), 0, 41, seed=3)
+    exact = a.double() @ b.double()
+    narrow = build_accumulator({"name": "integer", "width": 16})
+    flushed = build_accumulator({"name": "integer", "width": 16, "flush": 16})
+    assert not torch.equal(accumulated_matmul(a, b, narrow).double(), exact)  # saturation costs
+    assert exact.abs().max() > 32767 and torch.equal(accumulated_matmul(a, b, flushed).double(), exact)
+
+
+def test_flush_by_hand():
+    # 8-bit saturating register flushed every 2 products: (100 + 100 -> 127) + (100 + 100 -> 127) = 254 in float32
+    a, b = torch.tensor([[100.0, 100.0, 100.0, 100.0]]), torch.ones(4, 1)
+    assert accumulated_matmul(a, b, Accumulator("integer", width=8, flush=2)).item() == 254
+    assert accumulated_matmul(a, b, Accumulator("integer", width=8)).item() == 127
+    assert accumulated_matmul(a, b, Accumulator("integer", width=8, flush=2), torch.tensor([0.5])).item() == 254.5
+
+
+def test_flush_key_from_pass_args():
+    formats = parse_node_config("linear", {"name": "integer", "data_in_width": 8, "weight_width": 8,
+                                           "accumulator_width": 16, "accumulator_flush": 128})  # fmt: skip
+    assert formats.accumulator == Accumulator("integer", width=16, flush=128)
+    assert "flush=128" in formats.accumulator.describe()
+    for bad in (0, 3.5, True, 12):  # 12 is no multiple of chunk 8
+        with pytest.raises(ConfigError, match="accumulator_flush"):
+            build_accumulator({"name": "fp16", "chunk": 8, "flush": bad})
+
+
 def test_bad_accumulator_configs():
     with pytest.raises(ConfigError, match="accumulator_overflow"):
         parse_node_config("linear", {"name": "integer", "data_in_width": 8, "weight_width": 8,

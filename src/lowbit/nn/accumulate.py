@@ -13,6 +13,11 @@ a tensor core), and each chunk's sum is then added to the accumulator and rounde
 ... (``chunk = 1``: every product is rounded into the accumulator on its own). A bias is added last, as one
 more accumulation step; the result leaves in float32 holding the accumulator's value.
 
+``flush`` makes it a two-level register, as fp8 tensor cores are used with a promotion to float32 every N_C
+products: after every ``flush`` products (a multiple of ``chunk``) the narrow register's value is rounded to
+float32 and added into a float32 register (IEEE addition, nearest even), and the narrow register restarts at
+zero; the products left at the end are flushed the same way, and a bias is added in the float32 register.
+
 Two paths compute the same definition:
 
 - :func:`reference_matmul`: a slow scalar loop, product by product in the stated order (Python ints for
@@ -60,10 +65,15 @@ class Accumulator:
     chunk: int = 1
     rounding: str = "nearest_even"  # integer registers
     spec: FormatSpec | None = None  # lowbit formats other than integer
+    flush: int | None = None  # products between transfers of the register into a float32 one (None: never)
 
     def __post_init__(self) -> None:
         if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
             raise ConfigError(f"accumulator_chunk={self.chunk!r} is invalid; must be an integer >= 1")
+        if self.flush is not None and (isinstance(self.flush, bool) or not isinstance(self.flush, int)
+                                       or self.flush < 1 or self.flush % self.chunk):  # fmt: skip
+            raise ConfigError(f"accumulator_flush={self.flush!r} is invalid; must be a positive multiple of "
+                              f"accumulator_chunk ({self.chunk})")  # fmt: skip
         if self.overflow not in OVERFLOWS:
             raise ConfigError(f"accumulator_overflow={self.overflow!r} is invalid; legal values: {', '.join(OVERFLOWS)}")
         if self.name == "integer":
@@ -87,6 +97,8 @@ class Accumulator:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "chunk": self.chunk}
+        if self.flush is not None:
+            out["flush"] = self.flush
         if self.name == "integer":
             out.update(width=self.width, frac_width=self.frac_width, overflow=self.overflow, rounding=self.rounding)
         elif self.spec is not None:
@@ -98,19 +110,18 @@ class Accumulator:
             text = f"int{self.width}(frac_width={self.frac_width}, {self.overflow})"
         else:
             text = self.spec.describe() if self.spec is not None else self.name
-        return f"{text}, chunk={self.chunk}"
+        return f"{text}, chunk={self.chunk}" + ("" if self.flush is None else f", flush={self.flush} into fp32")
 
 
 def build_accumulator(params: dict[str, Any]) -> Accumulator:
     """An Accumulator from ``{"name": ..., "width": ..., "overflow": ..., "chunk": ..., format params}``."""
     params = dict(params)
     name = str(params.pop("name", "fp32")).strip().lower()
-    chunk = params.pop("chunk", 1)
-    chunk = int(chunk) if isinstance(chunk, float) and chunk.is_integer() else chunk
+    chunk, flush = _whole(params.pop("chunk", 1)), _whole(params.pop("flush", None))
     if name in HARDWARE_FLOATS:
         if params:
             raise ConfigError(f"accumulator {name!r} takes no parameters, got {sorted(params)}")
-        return Accumulator(_CANONICAL[HARDWARE_FLOATS[name]], chunk=chunk)
+        return Accumulator(_CANONICAL[HARDWARE_FLOATS[name]], chunk=chunk, flush=flush)
     try:
         canonical = get_format(name).format_name
     except LowbitError as error:
@@ -120,7 +131,7 @@ def build_accumulator(params: dict[str, Any]) -> Accumulator:
         unknown = set(params) - known
         if unknown:
             raise ConfigError(f"unknown accumulator key(s) {sorted(unknown)}; an integer accumulator takes "
-                              f"accumulator_width / _frac_width / _overflow / _rounding / _chunk")  # fmt: skip
+                              f"accumulator_width / _frac_width / _overflow / _rounding / _chunk / _flush")  # fmt: skip
         if params.pop("signed", True) is not True:
             raise ConfigError("an integer accumulator is a signed register (accumulator_signed must be true)")
         params.setdefault("frac_width", 0)
@@ -128,14 +139,18 @@ def build_accumulator(params: dict[str, Any]) -> Accumulator:
             params["rounding"] = canonical_rounding(params.get("rounding", "nearest_even"))
         except LowbitError as error:
             raise ConfigError(f"accumulator_rounding: {error}") from None
-        return Accumulator("integer", chunk=chunk, **params)
+        return Accumulator("integer", chunk=chunk, flush=flush, **params)
     if "overflow" in params:
         raise ConfigError(f"accumulator_overflow applies to integer accumulators, not {canonical!r}")
     try:
         spec = resolve(canonical, **params)
     except LowbitError as error:
         raise ConfigError(f"accumulator: {error}") from None
-    return Accumulator(canonical, chunk=chunk, spec=spec)
+    return Accumulator(canonical, chunk=chunk, spec=spec, flush=flush)
+
+
+def _whole(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _overflow(units: torch.Tensor, width: int, overflow: str) -> torch.Tensor:
@@ -154,16 +169,26 @@ def accumulated_matmul(a: torch.Tensor, b: torch.Tensor, accumulator: Accumulato
         raise ConfigError("accumulated_matmul needs operands with at least 2 dimensions")
     out_dtype = torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
     a64, b64 = a.double(), b.double()
-    acc = None
+    acc, wide = None, None
     for start in range(0, a.shape[-1], accumulator.chunk):  # one chunk at a time: memory of one output
         stop = start + accumulator.chunk
         part = torch.matmul(a64[..., start:stop], b64[..., start:stop, :])  # [..., M, N]
         acc = accumulator.round(part if acc is None else acc + part, generator)
+        if accumulator.flush is not None and (stop % accumulator.flush == 0 or stop >= a.shape[-1]):
+            wide, acc = _add_float32(wide, acc), None
+    if accumulator.flush is not None:  # float32 sums in float64 then rounded once: exact (53 >= 2 * 24 + 2)
+        wide = torch.matmul(a64, b64) if wide is None else wide
+        return (wide if bias is None else _add_float32(wide, bias.double())).to(out_dtype)
     if acc is None:  # K = 0
         acc = torch.matmul(a64, b64)
     if bias is not None:
         acc = accumulator.round(acc + bias.double(), generator)
     return acc.to(out_dtype)
+
+
+def _add_float32(wide: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor:
+    """IEEE float32 ``wide + float32(value)`` (float64 in and out)."""
+    return ((0.0 if wide is None else wide) + value.float().double()).float().double()
 
 
 # ---- slow reference ----------------------------------------------------------------------------------
@@ -182,10 +207,21 @@ def reference_matmul(a: torch.Tensor, b: torch.Tensor, accumulator: Accumulator,
                 ks = range(start, min(start + accumulator.chunk, size))
                 parts.append(sum((fractions.Fraction(a_list[i][k]) * fractions.Fraction(b_list[k][j]) for k in ks),
                                  fractions.Fraction(0)))  # fmt: skip
-            if bias_list is not None:
-                parts.append(fractions.Fraction(bias_list[j]))
-            out[i, j] = _sequential(parts, accumulator)
+            bias_part = None if bias_list is None else fractions.Fraction(bias_list[j])
+            out[i, j] = _two_level(parts, bias_part, accumulator)
     return out
+
+
+def _two_level(parts: list[fractions.Fraction], bias: fractions.Fraction | None, accumulator: Accumulator) -> float:
+    if accumulator.flush is None:
+        return _sequential(parts if bias is None else [*parts, bias], accumulator)
+    per_flush = accumulator.flush // accumulator.chunk
+    wide = torch.zeros((), dtype=torch.float32)  # torch's own float32 addition is the oracle
+    for start in range(0, len(parts), per_flush):
+        wide = wide + torch.tensor(_sequential(parts[start:start + per_flush], accumulator), dtype=torch.float32)
+    if bias is not None:
+        wide = wide + torch.tensor(float(bias), dtype=torch.float32)
+    return float(wide)
 
 
 def _sequential(parts: list[fractions.Fraction], accumulator: Accumulator) -> float:
