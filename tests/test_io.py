@@ -4,6 +4,7 @@ on the next write), and file modes that never touch the process umask (threads).
 import os
 import stat
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -136,13 +137,41 @@ def test_refuses_a_file_in_place_of_the_folder(tmp_path):
     assert (tmp_path / "file").read_text() == "x"
 
 
-def test_working_directory_is_written_file_by_file_commit_file_last(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_the_working_directory_is_swapped_whole_and_followed(tmp_path, monkeypatch):
+    target = tmp_path / "out"
+    write_version(target, "old", owned=("a", "b", "c", "stale"))
+    (target / "stale").write_text("owned, not written again")
+    (target / "foreign.txt").write_text("keep")
+    (target / "sub").mkdir()
+    monkeypatch.chdir(target / "sub")
+    old_inode = os.stat(target).st_ino
+    with atomic_directory("..", owned=("a", "b", "c", "stale")) as building:
+        for name in ("a", "b", "c"):
+            write_file(building / name, f"{name}-new".encode())
+    assert os.stat(target).st_ino != old_inode  # one rename published a new folder, not files one by one
+    assert version_of(target) == "new" and not (target / "stale").exists()
+    assert Path.cwd() == target / "sub" and os.path.samefile(".", target / "sub")  # followed into the new one
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_a_crash_saving_the_working_directory_leaves_old_or_new(tmp_path, monkeypatch):
+    target = tmp_path / "out"
+    write_version(target, "old")
+    (target / "foreign.txt").write_text("keep")
+    monkeypatch.chdir(target)
+    monkeypatch.setattr(_io, "_publish", lambda building, target: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt), atomic_directory(".") as building:
+        write_file(building / "a", b"a-new")
+    assert version_of(target) == "old" and strays(target) == [] and Path.cwd() == target
+
+
+def test_the_root_is_written_file_by_file_commit_file_last(tmp_path, monkeypatch):
+    monkeypatch.setattr(_io, "_is_root", lambda target: True)  # a folder that cannot be renamed
     (tmp_path / "stale").write_text("owned, not written again")
     (tmp_path / "notes").write_text("keep")
     order = []
     monkeypatch.setattr(_io, "_replace", lambda source, target: (order.append(target.name), os.replace(source, target)))
-    with atomic_directory(".", owned=("a", "manifest", "z", "stale"), last="manifest") as building:
+    with atomic_directory(tmp_path, owned=("a", "manifest", "z", "stale"), last="manifest") as building:
         for name in ("manifest", "z", "a"):
             write_file(building / name, name.encode())
     assert order == ["a", "z", "manifest"]

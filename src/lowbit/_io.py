@@ -81,14 +81,18 @@ def atomic_directory(path: str | os.PathLike, *, owned: Iterable[str] | None = N
     (copies where links are impossible), so they are not lost. ``owned=None``: the writer owns the whole
     folder; nothing is carried over.
 
-    A folder that cannot be swapped (the file system root, or one holding the working directory, such as
-    ``"."``) is written file by file instead: each file atomically, ``last`` (the file that commits the save,
-    e.g. a manifest of checksums) after the others, owned files not written anew removed.
+    A folder holding the working directory (``"."``) is swapped like any other, and the process then moves
+    its working directory into the new version (the same relative place, or the folder itself): a relative
+    path opened meanwhile by another thread of this process, or another process's working directory there,
+    still points into the previous version. The file system root cannot be swapped: it is written file by
+    file, each file atomically, ``last`` (the file that commits the save, e.g. a manifest of checksums) after
+    the others, owned files not written anew removed.
     """
     target = Path(os.path.realpath(path))  # "." and symlinks: the folder itself, beside its real parent
     if target.exists() and not target.is_dir():
         raise LowbitError(f"cannot write the folder {str(path)!r}: a file of that name exists")
-    in_place = target == target.parent or _working_directory().is_relative_to(target)
+    in_place = _is_root(target)
+    working = _working_directory()
     home = target / ".lowbit-dir" if in_place else target
     home.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(home)
@@ -103,8 +107,20 @@ def atomic_directory(path: str | os.PathLike, *, owned: Iterable[str] | None = N
             _carry_over(target, building, set(owned))
         _fsync_directory(building)
         _publish(building, target)
+        if working.is_relative_to(target):
+            _follow_into(target, working)
     finally:
         shutil.rmtree(building, ignore_errors=True)
+
+
+def _is_root(target: Path) -> bool:
+    return target == target.parent
+
+
+def _follow_into(target: Path, working: Path) -> None:
+    """The working directory was inside the folder just swapped out: move it to the same place in the new one."""
+    same_place = target / working.relative_to(target)
+    os.chdir(same_place if same_place.is_dir() else target)
 
 
 def _move_files(building: Path, target: Path, owned: set[str], last: str | None) -> None:
