@@ -199,3 +199,28 @@ def test_resuming_with_another_model_is_one_clear_error(runs, tmp_path, capsys):
                    "--project-dir", str(tmp_path), "--project", "other", "--max-epochs", "3", "--resume"])  # fmt: skip
     error = capsys.readouterr().err.strip()
     assert status == 2 and len(error.splitlines()) == 1 and "another model's weights" in error
+
+
+def test_training_metrics_name_the_best_checkpoint_they_describe(runs):
+    from lowbit._checksum import digest_file
+
+    root, _ = runs
+    for project in ("whole", "parts"):
+        folder = _checkpoints(root, project)
+        metrics = json.loads((folder / "metrics.json").read_text())
+        assert metrics["best_sha256"] == digest_file(folder / "best.ckpt") and len(metrics["best_sha256"]) == 64
+        assert metrics["best"] == str(folder / "best.ckpt")
+
+
+def test_resume_removes_the_earlier_runs_metrics_first(runs, tmp_path):
+    """A resumed run killed before it ends leaves no metrics.json that describes an older best.ckpt."""
+    import shutil
+
+    from lowbit.train.run_folder import prepare_run_folder
+
+    root, _ = runs
+    folder = _checkpoints(tmp_path, "stale")
+    shutil.copytree(_checkpoints(root, "whole"), folder)
+    assert (folder / "metrics.json").exists()
+    assert prepare_run_folder(folder, resume=True, overwrite=False) == folder / "last.ckpt"
+    assert not (folder / "metrics.json").exists() and (folder / "best.ckpt").exists()

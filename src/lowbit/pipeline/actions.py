@@ -81,13 +81,21 @@ def train(options: Any, low_precision_optimizer: dict[str, Any] | None = None) -
         result.module.load_state_dict(state)
     trained = result.module.model
     summary["metrics"] = {f"val_{k}": v for k, v in evaluate(trained, options, "validation").items()}
-    metrics_path = root / "training_ckpts" / "metrics.json"
-    atomic_write_text(metrics_path, json.dumps({**summary["metrics"], "best": summary["best"]}, indent=1) + "\n")
+    _write_training_metrics(root / "training_ckpts" / "metrics.json", summary["metrics"], result.best)
     if _is_transformed(trained):
         directory = root / "training_ckpts" / "transformed_ckpt"
         save_lowbit(trained, directory, model_name=options["model"], dataset=options["dataset"])
         summary["transformed"] = str(directory)
     return summary
+
+
+def _write_training_metrics(path: Path, metrics: dict[str, Any], best: Any) -> None:
+    """metrics.json names the checkpoint it describes by path and SHA-256: best.ckpt is written by Lightning
+    beside it, not in one swap with it, so a reader checks that the two still belong together."""
+    from lowbit._checksum import digest_file
+
+    digest = digest_file(best) if best is not None else None
+    atomic_write_text(path, json.dumps({**metrics, "best": str(best), "best_sha256": digest}, indent=1) + "\n")
 
 
 def check_training_options(options: Any) -> None:

@@ -5,7 +5,9 @@ silently.
   ``resume`` (continue from ``last.ckpt``: epoch, optimizer, schedule, data order, RNG) or ``overwrite``;
 - ``overwrite`` starts afresh but keeps the previous ``best.ckpt`` as ``best.previous.ckpt`` (one
   generation), so a better earlier model is never lost to a worse new one;
-- ``resume`` checks ``last.ckpt``'s checksum before Lightning reads it (:mod:`lowbit.train.sealed_io`).
+- ``resume`` checks ``last.ckpt``'s checksum before Lightning reads it (:mod:`lowbit.train.sealed_io`) and
+  removes ``metrics.json`` (it described the earlier run's best checkpoint; the resumed run writes a new one,
+  naming the SHA-256 of the best.ckpt it describes).
 
 A DDP worker started by Lightning's launcher (``LOCAL_RANK`` > 0) takes the launcher's decision as given.
 """
@@ -35,6 +37,7 @@ def prepare_run_folder(directory: str | os.PathLike, *, resume: bool, overwrite:
         if not last.is_file():
             raise ConfigError(f"nothing to resume: {last} does not exist (drop --resume to start a new run)")
         verify_checkpoint(last)
+        _remove(directory, "metrics.json")  # it described the earlier run's best; the resumed run writes anew
         return last
     found = [name for name in CHECKPOINT_NAMES if (directory / name).exists()]
     if not found or is_launched_worker():
@@ -54,9 +57,13 @@ def _set_aside(directory: Path) -> None:
         _move_sidecar(best, directory / PREVIOUS_BEST)
         _log.warning(f"--overwrite: the previous best checkpoint is kept as {directory / PREVIOUS_BEST}")
     for name in ("last.ckpt", "metrics.json"):
-        for path in (directory / name, directory / f"{name}.sha256"):
-            if path.exists():
-                path.unlink()
+        _remove(directory, name)
+
+
+def _remove(directory: Path, name: str) -> None:
+    for path in (directory / name, directory / f"{name}.sha256"):
+        if path.exists():
+            path.unlink()
 
 
 def _move_sidecar(source: Path, destination: Path) -> None:
