@@ -27,6 +27,7 @@ from lowbit.models import DigitsCNN, DigitsMLP  # noqa: E402
 from lowbit.models.sentences import help_text_sentences  # noqa: E402
 from lowbit.pipeline.catalog import get_split  # noqa: E402
 from lowbit.search import run_search  # noqa: E402
+from lowbit.search.compare import beats  # noqa: E402
 from lowbit.search.front import hypervolume_2d  # noqa: E402
 from machine import header_line  # noqa: E402
 
@@ -146,13 +147,19 @@ def main() -> None:
 
 
 def beater(members: list[tuple[str, dict]], metrics: dict, metric: str) -> str:
-    """The best member with at least the preset's metric at fewer bits per weight, or "none"."""
-    better = [(run, r) for run, r in members if r["metrics"][metric] >= metrics[metric]
-              and r["metrics"]["weight_bits"] < metrics["weight_bits"]]  # fmt: skip
+    """The best member with a higher metric at fewer bits per weight (both strictly), or "none"."""
+    axes = {metric: "maximize", "weight_bits": "minimize"}
+    better = [(run, r) for run, r in members if beats(r["metrics"], metrics, axes)]
     if not better:
         return "none"
     run, top = max(better, key=lambda item: (item[1]["metrics"][metric], -item[1]["metrics"]["weight_bits"]))
     return f"{top['metrics'][metric]:.4f} at {top['metrics']['weight_bits']:.3f} bits ({run}, trial {top['number']})"
+
+
+def winner(result: dict) -> str:
+    """The front member that beats every uniform preset on both axes at once (run_search's comparison)."""
+    member = result["comparison"]["beats_every_preset"]
+    return "none" if member is None else f"trial {member['trial']}"
 
 
 def model_section(name: str, trials: int, seeds: int) -> list[str]:
@@ -163,12 +170,12 @@ def model_section(name: str, trials: int, seeds: int) -> list[str]:
     with tempfile.TemporaryDirectory() as folder:
         runs = {label: [run(name, model, sampler, sensitivity, trials, seed, folder) for seed in range(seeds)]
                 for label, sampler, sensitivity in STRATEGIES}  # fmt: skip
-    lines += ["", "| strategy | hypervolume per seed (metric x bits, ref 0 / 32) | mean | front sizes | seconds per run |",
-              "|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "| strategy | hypervolume per seed (metric x bits, ref 0 / 32) | mean | front sizes | "
+              "trial beating every preset at once, per seed | seconds per run |", "|---|---|---|---|---|---|"]  # fmt: skip
     for label, results in runs.items():
         volumes = [hypervolume_2d(points(result, metric), (0.0, 32.0)) for result in results]
         lines.append(f"| {label} | {' / '.join(f'{v:.3f}' for v in volumes)} | {sum(volumes) / len(volumes):.3f} | "
-                     f"{' / '.join(str(len(r['front'])) for r in results)} | "
+                     f"{' / '.join(str(len(r['front'])) for r in results)} | {' / '.join(map(winner, results))} | "
                      f"{sum(r['seconds'] for r in results) / len(results):.1f} |")  # fmt: skip
     best = runs["TPE"][0]
     uniform = best["uniform"]
@@ -179,6 +186,8 @@ def model_section(name: str, trials: int, seeds: int) -> list[str]:
     for preset, metrics in uniform.items():
         cells = [beater([("TPE seed 0", r) for r in best["front"]], metrics, metric), beater(members, metrics, metric)]
         lines.append(f"| {preset} | {metrics[metric]:.4f} | {metrics['weight_bits']:.3f} | {cells[0]} | {cells[1]} |")
+    lines += [""] + [f"- {label} seed {seed}: {result['comparison']['sentence']}" for label, results in runs.items()
+                     for seed, result in enumerate(results)]  # fmt: skip
     ordered = sorted(best["front"], key=lambda r: r["metrics"]["weight_bits"])
     lines += ["", "TPE (seed 0) front: " + "; ".join(f"{r['metrics'][metric]:.4f} @ {r['metrics']['weight_bits']:.3f} b"
                                                     for r in ordered)]  # fmt: skip

@@ -1,5 +1,6 @@
 """search.html: one self-contained page (inline CSS, the chart as a base64 PNG, no scripts) with the chart of
-the task metric against bits per weight (and cost), the front's members and the uniform presets."""
+the task metric against bits per weight (and cost), the front's members, the front against the uniform
+presets (which member beats each on both axes) and the presets' metrics."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from lowbit._io import atomic_write_text
+from lowbit.search.compare import comparison_rows
 
 _STYLE = """body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1200px; color: #222; }
 table { border-collapse: collapse; font-size: 0.85em; width: 100%; margin-bottom: 20px; }
 th, td { border: 1px solid #ddd; padding: 3px 6px; text-align: right; vertical-align: top; }
 th { background: #f3f5f9; } td.text { text-align: left; font-family: ui-monospace, monospace; white-space: pre-line; }
-img { max-width: 100%; border: 1px solid #eee; }"""
+img { max-width: 100%; border: 1px solid #eee; } p.verdict { font-weight: 600; }"""
 
 
 def _number(value: Any) -> str:
@@ -36,8 +38,20 @@ def _plan_text(plan: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _comparison_section(comparison: dict[str, Any] | None) -> str:
+    """The front against the presets: the sentence, then per preset the best member beating it on both axes."""
+    if comparison is None:
+        return ""
+    task = comparison["task_metric"]
+    rows = [[f"<td class='text'>{html.escape(cell)}</td>" if index in (0, 3) else f"<td>{html.escape(cell)}</td>"
+             for index, cell in enumerate(row)] for row in comparison_rows(comparison)]  # fmt: skip
+    header = ["preset", task, "bits / weight", f"best front member with a better {task} at fewer bits"]
+    return (f"<h2>Front against the uniform presets</h2><p class='verdict'>{html.escape(comparison['sentence'])}</p>"
+            + _table(header, rows))
+
+
 def write_page(path: Path, chart_png: bytes | None, front: list[dict[str, Any]], references: dict[str, dict],
-               title: str) -> Path:  # fmt: skip
+               title: str, comparison: dict[str, Any] | None = None) -> Path:  # fmt: skip
     metrics = list(front[0]["metrics"]) if front else []
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"]  # fmt: skip
@@ -48,6 +62,7 @@ def write_page(path: Path, chart_png: bytes | None, front: list[dict[str, Any]],
     rows = [[f"<td>{r['number']}</td>", *(f"<td>{_number(r['metrics'][m])}</td>" for m in metrics),
              f"<td class='text'>{html.escape(_plan_text(r['plan']))}</td>"] for r in front]  # fmt: skip
     parts.append(_table(["trial", *metrics, "formats"], rows))
+    parts.append(_comparison_section(comparison))
     parts.append("<h2>Uniform presets</h2>")
     names = list(next(iter(references.values()))) if references else []
     rows = [[f"<td class='text'>{html.escape(name)}</td>", *(f"<td>{_number(values[m])}</td>" for m in names)]

@@ -13,6 +13,7 @@ import torch
 
 from lowbit._io import atomic_write_text
 from lowbit.errors import ConfigError
+from lowbit.search.compare import compare_presets
 from lowbit.search.config import SearchConfig, parse_search
 from lowbit.search.evaluate import Evaluator, fixed_subset, tokenized
 from lowbit.search.front import pareto_front, write_front
@@ -202,15 +203,17 @@ def _write_outputs(folder: Path, study: Any, search: SearchConfig, options: dict
     front = pareto_front(records, directions)
     task_metric = next((m for m in ("accuracy", "mean_cosine", "loss") if records and m in records[0]["metrics"]),
                        "accuracy")  # fmt: skip
+    comparison = compare_presets(front, references, task_metric, directions)
     extra = {"study": search.study_name, "trials": len(records), "directions": directions, "uniform": references,
-             "run": run}  # fmt: skip
+             "comparison": comparison, "run": run}  # fmt: skip
     front_file = write_front(folder, front, options, extra)
     atomic_write_text(folder / "trials.json", json.dumps(records, indent=1, sort_keys=True))
     chart = draw_chart(folder / "search.png", records, front, references, task_metric,
                        tuple(directions)) if records else None  # fmt: skip
     page = write_page(folder / "search.html", chart.read_bytes() if chart else None, front, references,
-                      f"lowbit search: study {search.study_name}, {len(records)} trials")  # fmt: skip
-    return {"study": study, "records": records, "front": front, "uniform": references, "folder": folder,
+                      f"lowbit search: study {search.study_name}, {len(records)} trials", comparison)  # fmt: skip
+    return {"study": study, "records": records, "front": front, "uniform": references, "comparison": comparison,
+            "folder": folder,
             "files": [front_file, folder / "trials.json", *([chart] if chart else []), page], "run": run}
 
 
