@@ -66,6 +66,7 @@ class Accumulator:
     rounding: str = "nearest_even"  # integer registers
     spec: FormatSpec | None = None  # lowbit formats other than integer
     flush: int | None = None  # products between transfers of the register into a float32 one (None: never)
+    backward: bool = False  # the backward GEMMs sum in this register too (lowbit.nn.accumulated_backward)
 
     def __post_init__(self) -> None:
         if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
@@ -74,6 +75,8 @@ class Accumulator:
                                        or self.flush < 1 or self.flush % self.chunk):  # fmt: skip
             raise ConfigError(f"accumulator_flush={self.flush!r} is invalid; must be a positive multiple of "
                               f"accumulator_chunk ({self.chunk})")  # fmt: skip
+        if not isinstance(self.backward, bool):
+            raise ConfigError(f"accumulator_backward={self.backward!r} is invalid; must be true or false")
         if self.overflow not in OVERFLOWS:
             raise ConfigError(f"accumulator_overflow={self.overflow!r} is invalid; legal values: {', '.join(OVERFLOWS)}")
         if self.name == "integer":
@@ -99,6 +102,8 @@ class Accumulator:
         out: dict[str, Any] = {"name": self.name, "chunk": self.chunk}
         if self.flush is not None:
             out["flush"] = self.flush
+        if self.backward:
+            out["backward"] = True
         if self.name == "integer":
             out.update(width=self.width, frac_width=self.frac_width, overflow=self.overflow, rounding=self.rounding)
         elif self.spec is not None:
@@ -110,18 +115,20 @@ class Accumulator:
             text = f"int{self.width}(frac_width={self.frac_width}, {self.overflow})"
         else:
             text = self.spec.describe() if self.spec is not None else self.name
-        return f"{text}, chunk={self.chunk}" + ("" if self.flush is None else f", flush={self.flush} into fp32")
+        flush = "" if self.flush is None else f", flush={self.flush} into fp32"
+        return f"{text}, chunk={self.chunk}{flush}" + (", backward too" if self.backward else "")
 
 
 def build_accumulator(params: dict[str, Any]) -> Accumulator:
     """An Accumulator from ``{"name": ..., "width": ..., "overflow": ..., "chunk": ..., format params}``."""
     params = dict(params)
     name = str(params.pop("name", "fp32")).strip().lower()
-    chunk, flush = _whole(params.pop("chunk", 1)), _whole(params.pop("flush", None))
+    shared = {"chunk": _whole(params.pop("chunk", 1)), "flush": _whole(params.pop("flush", None)),
+              "backward": params.pop("backward", False)}  # fmt: skip
     if name in HARDWARE_FLOATS:
         if params:
             raise ConfigError(f"accumulator {name!r} takes no parameters, got {sorted(params)}")
-        return Accumulator(_CANONICAL[HARDWARE_FLOATS[name]], chunk=chunk, flush=flush)
+        return Accumulator(_CANONICAL[HARDWARE_FLOATS[name]], **shared)
     try:
         canonical = get_format(name).format_name
     except LowbitError as error:
@@ -131,7 +138,7 @@ def build_accumulator(params: dict[str, Any]) -> Accumulator:
         unknown = set(params) - known
         if unknown:
             raise ConfigError(f"unknown accumulator key(s) {sorted(unknown)}; an integer accumulator takes "
-                              f"accumulator_width / _frac_width / _overflow / _rounding / _chunk / _flush")  # fmt: skip
+                              f"accumulator_width / _frac_width / _overflow / _rounding / _chunk / _flush / _backward")  # fmt: skip
         if params.pop("signed", True) is not True:
             raise ConfigError("an integer accumulator is a signed register (accumulator_signed must be true)")
         params.setdefault("frac_width", 0)
@@ -139,14 +146,14 @@ def build_accumulator(params: dict[str, Any]) -> Accumulator:
             params["rounding"] = canonical_rounding(params.get("rounding", "nearest_even"))
         except LowbitError as error:
             raise ConfigError(f"accumulator_rounding: {error}") from None
-        return Accumulator("integer", chunk=chunk, flush=flush, **params)
+        return Accumulator("integer", **shared, **params)
     if "overflow" in params:
         raise ConfigError(f"accumulator_overflow applies to integer accumulators, not {canonical!r}")
     try:
         spec = resolve(canonical, **params)
     except LowbitError as error:
         raise ConfigError(f"accumulator: {error}") from None
-    return Accumulator(canonical, chunk=chunk, spec=spec, flush=flush)
+    return Accumulator(canonical, spec=spec, **shared)
 
 
 def _whole(value: Any) -> Any:

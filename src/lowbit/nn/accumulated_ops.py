@@ -2,9 +2,10 @@
 
 Each function takes operands that are already quantized (the caller applies the forward roles) and
 returns the op's result with every partial sum rounded by :func:`lowbit.nn.accumulate.accumulated_matmul`.
-The gradient is straight-through over the accumulation: the backward pass is that of the float op on the
-same operands (the gradient roles of :mod:`lowbit.nn.gradients` round it), so training sees the forward
-value of the accumulator and the usual gradients.
+By default the gradient is straight-through over the accumulation: the backward pass is that of the float op
+on the same operands (the gradient roles of :mod:`lowbit.nn.gradients` round it), so training sees the
+forward value of the accumulator and the usual gradients. With ``accumulator.backward`` the backward GEMMs
+sum in the accumulator too (:mod:`lowbit.nn.accumulated_backward`).
 
 Convolutions become a matmul over ``F.unfold`` columns; the reduction order of a convolution's K is
 (input channel, kernel row, kernel column), the order of the unfolded columns. Grouped convolutions and
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from lowbit.errors import ConfigError
 from lowbit.nn.accumulate import Accumulator, accumulated_matmul
+from lowbit.nn.accumulated_backward import AccumulatedMatmul, check_backward_shapes
 
 
 def _straight_through(float_out: torch.Tensor, simulated: torch.Tensor) -> torch.Tensor:
@@ -35,6 +37,10 @@ def _generator(stream, device: torch.device) -> torch.Generator | None:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, accumulator: Accumulator,
            stream=None) -> torch.Tensor:  # fmt: skip
     """``F.linear(x, weight, bias)`` accumulated in ``accumulator`` (K = in_features, in index order)."""
+    if accumulator.backward:
+        rows = x.reshape(-1, x.shape[-1])
+        out = _accumulated(rows, weight.t(), bias, accumulator, stream)
+        return out.reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
     float_out = F.linear(x, weight, bias)
     with torch.no_grad():
         rows = x.detach().reshape(-1, x.shape[-1])  # [M, K]
@@ -45,10 +51,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, acc
 def matmul(x: torch.Tensor, y: torch.Tensor, accumulator: Accumulator, stream=None) -> torch.Tensor:
     """``torch.matmul(x, y)`` accumulated in ``accumulator`` (vectors are treated as torch.matmul does)."""
     float_out = torch.matmul(x, y)
+    a = x.unsqueeze(0) if x.dim() == 1 else x
+    b = y.unsqueeze(-1) if y.dim() == 1 else y
+    if accumulator.backward:
+        return _accumulated(a, b, None, accumulator, stream).reshape(float_out.shape).to(float_out.dtype)
     with torch.no_grad():
-        a = x.detach().unsqueeze(0) if x.dim() == 1 else x.detach()
-        b = y.detach().unsqueeze(-1) if y.dim() == 1 else y.detach()
-        out = accumulated_matmul(a, b, accumulator, None, _generator(stream, x.device))
+        out = accumulated_matmul(a.detach(), b.detach(), accumulator, None, _generator(stream, x.device))
     return _straight_through(float_out, out.reshape(float_out.shape))
 
 
@@ -60,13 +68,26 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, acc
     if isinstance(padding, str):
         raise ConfigError(f"accumulator simulation needs numeric padding, got padding={padding!r}")
     float_out = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    if accumulator.backward:  # autograd carries the column gradient back through unfold (a float scatter-add)
+        out = _accumulated(*_conv_operands(x, weight, bias, stride, padding, dilation), accumulator, stream)
+        return out.reshape(float_out.shape).to(float_out.dtype)
     with torch.no_grad():
-        batched = x.detach() if x.dim() == 4 else x.detach().unsqueeze(0)
-        columns = F.unfold(batched, weight.shape[-2:], dilation=dilation, padding=padding, stride=stride)  # [B, K, L]
-        kernel = weight.detach().reshape(weight.shape[0], -1)  # [O, K]
-        column_bias = None if bias is None else bias.detach().reshape(-1, 1)  # [O, 1]
+        kernel, columns, column_bias = _conv_operands(x.detach(), weight.detach(), _detached(bias), stride, padding,
+                                                      dilation)  # fmt: skip
         out = accumulated_matmul(kernel, columns, accumulator, column_bias, _generator(stream, x.device))  # [B, O, L]
     return _straight_through(float_out, out.reshape(float_out.shape))
+
+
+def _conv_operands(x, weight, bias, stride, padding, dilation):
+    """A convolution as ``kernel [O, K] @ columns [B, K, L] + bias [O, 1]``."""
+    batched = x if x.dim() == 4 else x.unsqueeze(0)
+    columns = F.unfold(batched, weight.shape[-2:], dilation=dilation, padding=padding, stride=stride)
+    return weight.reshape(weight.shape[0], -1), columns, None if bias is None else bias.reshape(-1, 1)
+
+
+def _accumulated(a, b, bias, accumulator: Accumulator, stream) -> torch.Tensor:
+    check_backward_shapes(a, b)
+    return AccumulatedMatmul.apply(a, b, bias, accumulator, _generator(stream, a.device))
 
 
 def conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, accumulator: Accumulator,
