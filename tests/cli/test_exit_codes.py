@@ -37,6 +37,8 @@ def _config(tmp_path, text: str) -> str:
     (["train", "toy", "toy_tiny", "--num-workers", "-1"], "num_workers must be at least 0"),
     (["train", "toy", "toy_tiny", "--max-steps", "0"], "max_steps must be -1 (no limit) or at least 1"),
     (["train", "toy", "toy_tiny", "--strategy", "bogus"], "strategy 'bogus'"),
+    (["train", "toy", "toy_tiny", "--seed", "-1"], "seed must be between 0 and 2**32 - 1"),
+    (["test", "toy", "toy_tiny", "--seed", str(2**70), "--load", "x.pt"], "seed must be between 0 and 2**32 - 1"),
     (["test", "toy", "toy_tiny", "--task", "embedding", "--load", "x.pt"], "does not fit dataset 'toy_tiny'"),
     (["report", "toy", "toy_tiny", "--sensitivity", "flase"], "expected true or false, got 'flase'"),
     (["transform", "--frobnicate"], "unrecognized arguments"),

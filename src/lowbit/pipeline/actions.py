@@ -30,6 +30,8 @@ def software_dir(options: Any) -> Path:
 
 def prepare(options: Any) -> None:
     """Check model / dataset; fill in the task from the dataset and the default project name (in place)."""
+    if not 0 <= options["seed"] < 2**32:  # numpy's seeds (torch's too wide a range would overflow there)
+        raise ConfigError(f"seed must be between 0 and 2**32 - 1 = {2**32 - 1}, got {options['seed']}")
     model, dataset = check_pair(options["model"], options["dataset"])
     task = dataset_info(dataset).task
     if options.source("task") != "default" and options["task"] != task:
