@@ -214,3 +214,23 @@ def test_duplicate_keys_and_nan_are_refused():
         blob = len(bad.encode()).to_bytes(8, "little") + bad.encode() + good[8 + size :]
         with pytest.raises(SerializationError, match="not JSON"):
             parse(blob, "dup.safetensors")
+
+
+def test_a_truncated_or_foreign_report_json_is_one_clear_error(tmp_path):
+    """read_report: every cut of a report.json, and JSON that is not a report, raise ReportError naming the file
+    (a JSONDecodeError / KeyError escaped before)."""
+    from lowbit.errors import ReportError
+    from lowbit.report.files import read_report, to_json
+
+    text = to_json({"schema": "lowbit.report/1", "summary": {"sqnr_db": float("inf")}, "layers": [{"name": "fc"}]})
+    path = tmp_path / "report.json"
+    path.write_text(text)
+    assert read_report(path)["summary"]["sqnr_db"] == float("inf")
+    for cut in range(len(text) - 1):  # the last byte is a newline: the file without it is still whole
+        path.write_text(text[:cut])
+        with pytest.raises(ReportError, match="report.json"):
+            read_report(path)
+    for foreign in ("[]", '{"layers": []}', "\x80\x81"):
+        path.write_bytes(foreign.encode("latin-1"))
+        with pytest.raises(ReportError, match="report.json"):
+            read_report(path)

@@ -39,9 +39,16 @@ def write_report(report: dict[str, Any], directory: str | os.PathLike) -> dict[s
 
 
 def read_report(path: str | os.PathLike) -> dict[str, Any]:
-    """A report.json back as a report dict (non-finite strings become floats again)."""
-    with open(path, encoding="utf-8") as stream:
-        return _numbers(json.load(stream))
+    """A report.json back as a report dict (non-finite strings become floats again); ReportError naming the
+    file if it is not JSON or not a report."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            doc = json.load(stream)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ReportError(f"{path} is not a readable report.json: {error}") from None
+    if not isinstance(doc, dict) or "layers" not in doc or "summary" not in doc:
+        raise ReportError(f"{path} is not a lowbit report (no 'layers' and 'summary')")
+    return _numbers(doc)
 
 
 def _check(report: Any) -> None:
