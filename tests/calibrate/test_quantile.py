@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from safetensors.torch import load, save
 
 from lowbit.calibrate import DyadicHistogram, GroupedQuantileSketch, QuantileSketch
-from lowbit.calibrate.quantile import SMALLEST_NORMAL, kl_divergences
+from lowbit.calibrate.histogram import kl_divergences
+from lowbit.calibrate.quantile import SMALLEST_NORMAL
 from lowbit.errors import ConfigError
 
 QUANTILES = [0.001, 0.5, 0.975, 0.9999]

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from lowbit.calibrate.observers import MinMaxObserver, Observer, _prefixed
-from lowbit.calibrate.quantile import DyadicHistogram
+from lowbit.calibrate.observers import MinMaxObserver, Observer, prefixed
+from lowbit.calibrate.histogram import DyadicHistogram
 from lowbit.errors import ConfigError
 
 _SUMS = ("abs_sum", "positive_sum", "finite_count", "positive_count")
@@ -116,4 +116,4 @@ class MagnitudeObserver(Observer):
         for name in _SUMS:
             loaded = torch.as_tensor(state[name], dtype=torch.float64, device=self.histogram.device)
             self.sums[name] = loaded.reshape(-1).clone()
-        self.histogram.load_state_dict(_prefixed(state, "histogram."))
+        self.histogram.load_state_dict(prefixed(state, "histogram."))

@@ -127,11 +127,11 @@ def _targets(model: nn.Module, ops: Iterable[str]) -> dict[str, nn.Module]:
 
 
 def _make_observer(name: str, arguments: dict[str, Any]):
-    from lowbit.calibrate import observers
+    from lowbit import calibrate
 
-    classes = {"min_max": observers.MinMaxObserver, "moving_average": observers.MovingAverageMinMaxObserver,
-               "percentile": observers.PercentileObserver, "mse": observers.MSEObserver,
-               "histogram": observers.HistogramObserver}  # fmt: skip
+    classes = {"min_max": calibrate.MinMaxObserver, "moving_average": calibrate.MovingAverageMinMaxObserver,
+               "percentile": calibrate.PercentileObserver, "mse": calibrate.MSEObserver,
+               "histogram": calibrate.HistogramObserver}  # fmt: skip
     if name not in classes:
         raise ConfigError(f"unknown observer {name!r}{did_you_mean(name, classes)}; observers: {', '.join(classes)}")
     return classes[name](**arguments)

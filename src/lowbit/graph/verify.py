@@ -18,7 +18,8 @@ from torch import fx
 
 from lowbit.errors import did_you_mean
 from lowbit.formats import list_formats
-from lowbit.graph.metadata import MaseMetadata, entry_dtype, graph_module, read_pass_args, role_arg_keys
+from lowbit.graph.entries import entry_dtype
+from lowbit.graph.metadata import MaseMetadata, graph_module, read_pass_args, role_arg_keys
 from lowbit.graph.qgraph import GraphError
 
 FLOAT_BITS = (16, 32, 64)
