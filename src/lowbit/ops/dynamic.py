@@ -95,36 +95,59 @@ class Int8DynamicLinear(_Int8WeightLinear):
     def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
         if self.act_granularity == "tensor":
             return self._tensor_path(path, rows)
-        if path in ("int_mm", "compiled", "onednn", "fbgemm_pairs", "float_codes"):
-            return self._sums_path(rows, path)
-        scale, inverse, offset = token_scales(rows, self.act_symmetric, self.q_max)
-        zero_point = 128 if self.act_bits == 8 else 64  # 7-bit codes + 64 stay in 1..127: no int16 saturation
-        if offset is None and rows.shape[0] == 1:
-            # One row: its scale is the tensor's, so fbgemm can apply it (and the bias) itself. It quantizes
-            # with round(fma(x, 1 / s, zero point)); fed the row's codes times s it recovers exactly those codes.
+        if path == "fbgemm":
+            return self._fbgemm_path(rows)
+        return self._sums_path(rows, path)
+
+    def _fbgemm_path(self, rows: torch.Tensor) -> torch.Tensor:
+        """Row codes as integer-valued floats, exact int32 sums by fbgemm's float-input kernel (prepacked weight
+        with unit scales, zero point 128, or 64 for 7-bit codes so that no int16 pair sum saturates without
+        VNNI), the shared rescaling: the same bits as the "int_mm" path, so choosing between them by row count
+        never changes a result. One row takes fbgemm's own scaling instead (scale and bias applied inside)."""
+        zero_point = 128 if self.act_bits == 8 else 64
+        if self.act_symmetric and rows.shape[0] == 1:
+            scale, inverse, _ = token_scales(rows, True, self.q_max)
+            # Its scale is the tensor's, so fbgemm can apply it (and the bias) itself. It quantizes with
+            # round(fma(x, 1 / s, zero point)); fed the row's codes times s it recovers exactly those codes.
             snapped = torch.round(rows * inverse).mul_(scale)
             return kernels.fbgemm_linear(snapped, scale.item(), zero_point, self._packed_with_bias())
-        centred = rows * inverse if offset is None else (rows - offset).mul_(inverse)
-        # Integer-valued input: fbgemm's round(x + zero point) gives the reference's codes exactly.
-        out = kernels.fbgemm_linear(centred.round_(), 1.0, zero_point, self._packed())
-        return self._finish(out.mul_(scale), offset)
+        fused = self._fused(rows)
+        if fused:
+            key = ("token_float_quantize", self.act_symmetric, self.q_max, self.in_features)
+            codes, scale, offset = backend.run_fused(key, kernels.token_float_quantize, rows, self.act_symmetric, self.q_max)
+        else:
+            codes, scale, offset = kernels.token_float_quantize(rows, self.act_symmetric, self.q_max)
+        # Integer-valued input with scale 1: fbgemm's round(x + zero point) gives exactly these codes.
+        sums = kernels.fbgemm_linear(codes, 1.0, zero_point, self._packed_unit())
+        return self._rescale_sums(sums, scale, offset, fused)
+
+    def _fused(self, rows: torch.Tensor) -> bool:
+        """Whether the quantize and rescale steps run as compiled kernels (backend not eager, enough rows)."""
+        return rows.shape[0] >= routes.FUSED_MIN_ROWS and backend.compiling_allowed(rows.numel(), auto_min_elements=0)
 
     def _sums_path(self, rows: torch.Tensor, path: str) -> torch.Tensor:
         """Row codes, exact int32 sums by ``path``, rescaling. "compiled" runs the first and last steps as
         compiled kernels (one per (K, symmetric) and (N, symmetric, bias)), bit-identical to eager."""
-        symmetric, sums = self.act_symmetric, None if self.act_symmetric else self._weight_sums()
-        fused = path == "compiled" or (path == "onednn" and backend.compiling_allowed(rows.numel(), auto_min_elements=0))
+        symmetric = self.act_symmetric
+        fused = path == "compiled" or (path == "onednn" and self._fused(rows))
         if fused:
             quantize_key = ("token_quantize", symmetric, self.q_max, self.in_features)
             codes, scale, offset = backend.run_fused(quantize_key, kernels.token_quantize, rows, symmetric, self.q_max)
         else:
             codes, scale, offset = kernels.token_quantize(rows, symmetric, self.q_max)
-        acc = self._token_sums(codes, path)
+        return self._rescale_sums(self._token_sums(codes, path), scale, offset, fused)
+
+    def _rescale_sums(self, acc: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, fused: bool) -> torch.Tensor:
+        """acc * row scale * weight scale (+ row offset * weight sums) (+ bias): one compiled pass, or eager
+        steps (in place on float32 sums that are this call's own tensor)."""
+        sums = None if self.act_symmetric else self._weight_sums()
         arguments = (acc, scale, self.weight_scale, offset, sums, self.bias)
-        if not fused:
-            return kernels.token_rescale(*arguments)
-        rescale_key = ("token_rescale", symmetric, self.bias is None, self.out_features, acc.dtype)
-        return backend.run_fused(rescale_key, kernels.token_rescale, *arguments)
+        if fused:
+            rescale_key = ("token_rescale", self.act_symmetric, self.bias is None, self.out_features, acc.dtype)
+            return backend.run_fused(rescale_key, kernels.token_rescale, *arguments)
+        if acc.dtype == torch.float32:  # fbgemm and oneDNN return a fresh tensor of float sums
+            return kernels.token_rescale_(*arguments)
+        return kernels.token_rescale(*arguments)
 
     def _token_sums(self, codes: torch.Tensor, path: str) -> torch.Tensor:
         """int32 sums [M, N] of int8 codes [M, K] and the weight codes (float32 from oneDNN: the same numbers)."""
@@ -136,11 +159,6 @@ class Int8DynamicLinear(_Int8WeightLinear):
         if path == "fbgemm_pairs" and self.in_features <= kernels.PAIRS_MAX_K:
             return kernels.fbgemm_pairs(codes.float(), self._packed_unit())
         return self._float_sums(codes)
-
-    def _finish(self, out: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
-        if offset is not None:
-            out.addmm_(offset, self._weight_sums().reshape(1, -1))
-        return self._add_bias(out)
 
     def _tensor_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
         if path == "fbgemm":

@@ -26,7 +26,7 @@ import torch
 
 from lowbit.ops import capabilities
 from lowbit.ops.integer import dense
-from lowbit.ops.quant import token_codes
+from lowbit.ops.quant import token_codes, token_float_codes
 from lowbit.qtensor.packing import pack_codes
 
 FBGEMM_LINEAR = "linear_with_input_q_dq_qweight_dq_output_fp32"
@@ -98,6 +98,13 @@ def token_quantize(x: torch.Tensor, symmetric: bool, q_max: int = 127):
     return token.codes, token.scale, token.offset
 
 
+def token_float_quantize(x: torch.Tensor, symmetric: bool, q_max: int = 127):
+    """:func:`token_quantize` with integer-valued float32 codes: the input of fbgemm's float kernel (which
+    adds its zero point and rounds, exact for integers), fused into one pass on the "fbgemm" path."""
+    token = token_float_codes(x, symmetric, q_max)
+    return token.codes, token.scale, token.offset
+
+
 def token_rescale(acc: torch.Tensor, scale: torch.Tensor, weight_scale: torch.Tensor, offset: torch.Tensor | None,
                   weight_sums: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
     """float32 output of the per-token linear from its int32 sums: acc * row scale * weight scale
@@ -106,6 +113,16 @@ def token_rescale(acc: torch.Tensor, scale: torch.Tensor, weight_scale: torch.Te
     if offset is not None:
         out = out + offset * weight_sums
     return out if bias is None else out + bias
+
+
+def token_rescale_(sums: torch.Tensor, scale: torch.Tensor, weight_scale: torch.Tensor, offset: torch.Tensor | None,
+                   weight_sums: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """:func:`token_rescale` of float32 sums, written in place: the same operations in the same order, so the
+    same bits, without an output allocation per step."""
+    sums.mul_(scale).mul_(weight_scale)
+    if offset is not None:
+        sums.add_(offset * weight_sums)
+    return sums if bias is None else sums.add_(bias)
 
 
 _workspace = threading.local()

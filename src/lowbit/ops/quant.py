@@ -204,10 +204,17 @@ def token_scales(x: torch.Tensor, symmetric: bool = True, q_max: int = 127) -> t
 
 def token_codes(x: torch.Tensor, symmetric: bool = True, q_max: int = 127) -> TokenCodes:
     """Dynamic per-token (per row of the last dimension) int8 codes of x [M, K] in [-q_max, q_max] (NaN -> 0)."""
+    token = token_float_codes(x, symmetric, q_max)
+    return token._replace(codes=token.codes.to(torch.int8))
+
+
+def token_float_codes(x: torch.Tensor, symmetric: bool = True, q_max: int = 127) -> TokenCodes:
+    """:func:`token_codes` with the codes left as integer-valued float32 (what fbgemm's float-input kernel
+    takes: one pass fewer than int8 codes converted back)."""
     x = x.float()
     scale, inverse, offset = token_scales(x, symmetric, q_max)
     centred = x if offset is None else x - offset
     scaled = centred * inverse
     # NaN -> 0 written as a comparison: Inductor vectorises it, nan_to_num it does not (3.5x slower fused)
     codes = torch.round(torch.where(scaled == scaled, scaled, 0.0)).clamp(-q_max, q_max)
-    return TokenCodes(codes.to(torch.int8), scale, inverse, offset)
+    return TokenCodes(codes, scale, inverse, offset)

@@ -36,6 +36,7 @@ EXACTNESS = {"fbgemm_pairs": "fbgemm_half_exact", "onednn": "onednn_linear_exact
              "int8pack": "int8pack", "int_mm": "int_mm_exact", "compiled": "int_mm_exact"}  # fmt: skip
 SPEED = {"int_mm": "int_mm_fast", "compiled": "int_mm_fast", "dequantize_bf16": "bfloat16_fast"}
 COMPILED_MIN_ROWS = 64  # measured crossover: below it fbgemm's prepacked kernel wins (docs/real-execution.md)
+FUSED_MIN_ROWS = 256  # from here the per-token quantize / rescale steps run compiled (two compiled calls pay off)
 _warned: set[tuple[str, str, str]] = set()
 
 
