@@ -113,14 +113,20 @@ def compiled_then_ready(spec: lowbit.FormatSpec, x: torch.Tensor) -> Callable[[]
     return on_backend("auto", spec, x)
 
 
-def bench_row(name: str, params: dict, x: torch.Tensor, rounds: int) -> dict:
+def bench_row(name: str, params: dict, x: torch.Tensor, rounds: int, eager_only: bool = False) -> dict:
     spec = lowbit.get_format(name)(**params)
     eager, compiled = on_backend("eager", spec, x), on_backend("compiled", spec, x)
-    want, got = eager(), compiled()
-    auto = compiled_then_ready(spec, x)
-    identical = all(torch.equal(want.isnan(), y.isnan()) and torch.equal(want.nan_to_num(), y.nan_to_num())
-                    for y in (got, auto()))  # fmt: skip
+    if eager_only:  # no compile: the auto and compiled columns repeat eager (the default backend's path)
+        compiled = auto = eager
+        identical = None  # nothing to compare against
+    else:
+        want, got = eager(), compiled()
+        auto = compiled_then_ready(spec, x)
+        identical = all(torch.equal(want.isnan(), y.isnan()) and torch.equal(want.nan_to_num(), y.nan_to_num())
+                        for y in (got, auto()))  # fmt: skip
     methods = {"clone": x.clone, "eager": eager, "auto": auto, "compiled": compiled, **peers_for(name, params, x)}
+    if eager_only:
+        del methods["auto"], methods["compiled"]
     timing = time_round_robin(methods, rounds)
     peer_names = [m for m in methods if m not in ("clone", "eager", "auto", "compiled")]
     best_peer = min(peer_names, key=lambda m: timing[m][0]) if peer_names else None
@@ -131,13 +137,15 @@ def format_row(row: dict, kind: str) -> str:
     timing = row["timing"]
 
     def cell(method: str) -> str:
+        if method not in timing:
+            return "-"
         median, low, high, _ = timing[method]
         return f"{median:.2f} ({low:.2f}-{high:.2f})"
 
     peer = row["best_peer"]
     peer_cell = f"{peer}: {cell(peer)}" if peer else "-"
     return (f"| {row['format']} | {kind} | {cell('eager')} | {cell('auto')} | {cell('compiled')} "
-            f"| {timing['clone'][3] * 1e3:.3f} | {peer_cell} | {'yes' if row['identical'] else 'NO'} |")
+            f"| {timing['clone'][3] * 1e3:.3f} | {peer_cell} | { {True: 'yes', False: 'NO', None: '-'}[row['identical']] } |")
 
 
 HEADER = ("| format | kind | eager x clone | auto x clone | compiled x clone | clone ms | fastest peer x clone "
@@ -195,6 +203,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="format names to run (default: all)")
     parser.add_argument("--first-call", action="store_true", help="also time first calls in fresh processes")
     parser.add_argument("--no-steady", action="store_true", help="only the first-call table")
+    parser.add_argument("--eager-only", action="store_true",
+                        help="time eager only (no compiles; the auto / compiled columns show '-')")
     parser.add_argument("--out", default=None, help="also write the markdown report to this file")
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in shape.lower().split("x")) for shape in args.shapes]
@@ -205,14 +215,14 @@ def main() -> None:
              f"{args.rounds} rounds, median ratio (min-max over rounds)"]
     if args.first_call:
         lines += first_call_lines(formats, shapes[min(2, len(shapes) - 1)] if len(shapes) > 2 else shapes[0])
-    if not args.no_steady:
+    if not args.no_steady and not args.eager_only:
         torch.compile(lambda t: t * 2 + 1)(torch.ones(8))  # the process's first compile, not charged to a format
     for dtype_name in [] if args.no_steady else args.dtypes:
         for rows, cols in shapes:
             x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)).to(getattr(torch, dtype_name))
             lines += ["", f"### {rows}x{cols} {dtype_name}", "", HEADER]
             for name, params, kind in formats:
-                lines.append(format_row(bench_row(name, params, x, args.rounds), kind))
+                lines.append(format_row(bench_row(name, params, x, args.rounds, args.eager_only), kind))
                 print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     print(text)

@@ -37,7 +37,14 @@ from lowbit.errors import FormatError
 from lowbit.formats._base import FormatSpec, check_axis, check_block_size, check_bool, check_int, check_optional
 from lowbit.formats._float_grid import exact_pow2, floor_log2
 from lowbit.formats._registry import register
-from lowbit.formats.blocking import apply_blockwise, block_shape, finite_min_max, scaled_bits_per_element
+from lowbit.formats.blocking import (
+    apply_blockwise,
+    block_shape,
+    can_branch_on_data,
+    finite_extremes,
+    finite_min_max,
+    scaled_bits_per_element,
+)
 from lowbit.formats.rounding import round_to_integer
 
 # Blocks are computed in float64. exponent_bias <= 1000 keeps the smallest shared exponent (-B) and its
@@ -69,11 +76,18 @@ def shared_exponent(
     Returns an int64 tensor shaped [n0, 1, n1, 1, ...] (float64 ``blocked`` from apply_blockwise).
     """
     low, high = finite_min_max(blocked, dims)  # widened to include zero
+    has_inf = torch.isinf(blocked).any(dim=dims, keepdim=True)
+    return exponent_from_extremes(low, high, has_inf, significand_bits, rounding, min_exponent, max_exponent)
+
+
+def exponent_from_extremes(low, high, has_inf, significand_bits: int, rounding: str, min_exponent: int,
+                           max_exponent: int) -> torch.Tensor:  # fmt: skip
+    """``shared_exponent`` from each block's finite (min, max) widened to zero (float64) and whether it holds
+    an inf (a bool tensor, or False)."""
     magnitude = torch.maximum(high, -low)
     exponent = floor_log2(magnitude).to(torch.int64)  # the block max lies in [2^e, 2^(e+1))
-    has_inf = torch.isinf(blocked).any(dim=dims, keepdim=True)
-    empty_exponent = torch.where(has_inf, max_exponent, min_exponent).to(torch.int64)
-    exponent = torch.where(magnitude > 0, exponent, empty_exponent).clamp(min_exponent, max_exponent)
+    empty_exponent = torch.where(has_inf, max_exponent, min_exponent) if has_inf is not False else min_exponent
+    exponent = torch.where(magnitude > 0, exponent, empty_exponent).to(torch.int64).clamp(min_exponent, max_exponent)
     # Stochastic rounding may round either way: test the worst case, so that no draw overflows.
     check_mode = "away_from_zero" if rounding == "stochastic" else rounding
     top_code = 2.0**significand_bits - 1
@@ -82,6 +96,28 @@ def shared_exponent(
         round_to_integer(low * factor, check_mode) < -top_code
     )
     return (exponent + overflow.to(torch.int64)).clamp(max=max_exponent)
+
+
+def nearest_even_exponent(low: torch.Tensor, high: torch.Tensor, significand_bits: int, min_exponent: int,
+                          max_exponent: int) -> tuple[torch.Tensor, bool]:  # fmt: skip
+    """``exponent_from_extremes`` for nearest_even rounding and finite blocks, from the bits: the exponent of
+    the block maximum rounded (half to even) to significand_bits - 1 fraction bits, clamped (int64), and
+    whether any block would need a larger exponent than max_exponent (then its largest elements saturate).
+
+    Rounding |max| onto the top binade's grid carries into the next binade exactly when the block needs
+    one more exponent; an integer add on the float64 bit pattern (every float32 value is a normal float64)
+    does that rounding, carry included. Zero gives an exponent below every minimum.
+    """
+    magnitude = torch.maximum(high, -low).abs_().to(torch.float64)
+    bits = magnitude.view(torch.int64)
+    dropped = 53 - significand_bits  # fraction bits below the kept significand_bits - 1
+    if significand_bits == 1:  # the codes are 0 and 1: a tie (1.5 * 2^e) goes to the even code 2, up
+        rounded = bits.add_(1 << (dropped - 1))
+    else:  # the last kept fraction bit is the code's parity: half to even
+        rounded = bits.add_((bits >> dropped).bitwise_and_(1).add_((1 << (dropped - 1)) - 1))
+    exponent = (rounded >> 52).sub_(1023)
+    saturates = bool((exponent > max_exponent).any())
+    return exponent.clamp_(min_exponent, max_exponent), saturates
 
 
 @register
@@ -170,6 +206,8 @@ class BlockFP(FormatSpec):
         max_exponent = min(self.max_exponent, dtype_max_exponent(x.dtype))
 
         top_code = self._top_code(x.dtype)
+        if self._float32_applies(x):
+            return apply_blockwise(x, block, lambda blocked, dims: self._float32_blocks(blocked, dims, max_exponent))
 
         def quantize_blocks(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
             return self._quantize_blocks(blocked, dims, max_exponent, top_code, generator)
@@ -187,6 +225,35 @@ class BlockFP(FormatSpec):
         if self.mantissa_bits <= significand:
             return 2.0**self.mantissa_bits - 1
         return 2.0**self.mantissa_bits - 2.0 ** (self.mantissa_bits - significand)
+
+    def _float32_applies(self, x: torch.Tensor) -> bool:
+        """float32 data, a nearest mode, M <= 23 and every step >= 2^-149: then the float32 arithmetic below
+        is exact where it matters (x / step is exact from 0.5 up, smaller quotients round to a signed zero in
+        every nearest mode either way; code * step is a float32 value) and gives the float64 path's bits."""
+        return (x.dtype == torch.float32 and self.rounding.startswith("nearest") and self.mantissa_bits <= 23
+                and self.min_exponent - self.mantissa_bits + 1 >= -149 and can_branch_on_data(x))  # fmt: skip
+
+    def _float32_blocks(self, blocked: torch.Tensor, dims: tuple[int, ...], max_exponent: int) -> torch.Tensor:
+        """The blocks in float32 with one reduction for the exponents (finite blocks); float64 otherwise."""
+        mantissa_bits = self.mantissa_bits
+        extremes = finite_extremes(blocked, dims)
+        if extremes is None:  # NaN / inf somewhere: the general path
+            top_code = self._top_code(blocked.dtype)
+            return self._quantize_blocks(blocked.double(), dims, max_exponent, top_code, None).float()
+        low, high = extremes
+        limits = (self.min_exponent, max_exponent)
+        if self.rounding == "nearest_even":
+            exponent, saturates = nearest_even_exponent(low, high, mantissa_bits, *limits)
+        else:
+            low, high = low.double().clamp_(max=0), high.double().clamp_(min=0)
+            exponent, saturates = exponent_from_extremes(low, high, False, mantissa_bits, self.rounding, *limits), True
+        step = exact_pow2(exponent - mantissa_bits + 1, torch.float32)
+        codes = blocked / step  # exact: a power of two (quotients under 2^-126 round to a signed zero anyway)
+        codes = codes.round_() if self.rounding == "nearest_even" else round_to_integer(codes, self.rounding)
+        if saturates:
+            top_code = 2.0**mantissa_bits - 1
+            codes.clamp_(-top_code, top_code)
+        return codes.mul_(step)
 
     def _quantize_blocks(self, blocked, dims, max_exponent: int, top_code: float, generator) -> torch.Tensor:
         mantissa_bits = self.mantissa_bits

@@ -140,6 +140,24 @@ def finite_min_max(blocked: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.
     return low, high
 
 
+def finite_extremes(blocked: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(min, max) per block in the input dtype, one pass where the blocks run along one dimension; None when
+    some block holds NaN or +-inf (both propagate through the reductions), or when the extremes' difference
+    overflows: the caller then takes its general path. Eager only (the check reads the data)."""
+    if len(dims) == 1:
+        low, high = torch.aminmax(blocked, dim=dims[0], keepdim=True)
+    else:
+        low, high = blocked.amin(dim=dims, keepdim=True), blocked.amax(dim=dims, keepdim=True)
+    if not bool(torch.isfinite(high - low).all()):
+        return None
+    return low, high
+
+
+def can_branch_on_data(x: torch.Tensor) -> bool:
+    """Whether a fast path may branch on x's values: eagerly (not while compiling) and not on meta."""
+    return not torch.compiler.is_compiling() and x.device.type != "meta"
+
+
 def num_blocks(shape: Sequence[int], block: Sequence[int]) -> int:
     count = 1
     for dim, b in zip(shape, block):
