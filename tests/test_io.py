@@ -21,6 +21,13 @@ def test_atomic_write_creates_and_replaces(tmp_path):
     assert sorted(os.listdir(target.parent)) == ["out.txt"]
 
 
+def test_a_folder_in_place_of_the_file_is_one_clear_error(tmp_path):
+    (tmp_path / "out.bin").mkdir()
+    with pytest.raises(LowbitError, match="a folder of that name exists"):
+        atomic_write_bytes(tmp_path / "out.bin", b"data")
+    assert os.listdir(tmp_path) == ["out.bin"] and os.listdir(tmp_path / "out.bin") == []
+
+
 def test_failed_write_keeps_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
     target = tmp_path / "out.txt"
     target.write_text("old")

@@ -43,6 +43,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over ``path``."""
     target = Path(path)
+    if target.is_dir():
+        raise LowbitError(f"cannot write the file {str(path)!r}: a folder of that name exists")
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target)
     temporary = _temporary_name(target, "tmp")

@@ -80,6 +80,35 @@ def test_fifo_config_is_refused_without_reading_it(lowbit_cli, tmp_path):
     assert "is not a regular file" in line
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+@pytest.mark.parametrize("argv", [["stats-to-config", "{fifo}", "{tmp}/dest.toml"],
+                                  ["stats-to-config", "{tmp}/stats.toml", "{tmp}/dest.toml", "--base", "{fifo}"],
+                                  ["search", "--config", "{fifo}", "--n-trials", "1"]])  # fmt: skip
+def test_fifo_inputs_of_the_other_commands_are_refused(lowbit_cli, tmp_path, argv):
+    """A reader that did open the FIFO gets garbage after 5 s from a helper thread: the test fails, never hangs."""
+    import threading
+
+    fifo = tmp_path / "input.fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "stats.toml").write_text("")
+    unblock = threading.Timer(5.0, lambda: fifo.write_bytes(b"garbage = [\n"))
+    unblock.daemon = True
+    unblock.start()
+    try:
+        argv = [part.format(fifo=fifo, tmp=tmp_path) for part in argv]
+        line = _one_line(lowbit_cli, EXIT_USAGE, *argv)
+    finally:
+        unblock.cancel()
+    assert f"{fifo} is not a regular file" in line
+
+
+def test_a_project_name_that_is_a_path_is_refused(lowbit_cli, tmp_path):
+    for project in ("../elsewhere", "a/b", ".."):
+        line = _one_line(lowbit_cli, EXIT_USAGE, "test", "toy", "toy_tiny", "--load", "x.pt", "--project", project)
+        assert f"project {project!r} must be a folder name, not a path" in line
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "a").exists()
+
+
 def test_folder_config_is_refused(lowbit_cli, tmp_path):
     assert "is a folder" in _one_line(lowbit_cli, EXIT_USAGE, "transform", "--config", str(tmp_path))
 

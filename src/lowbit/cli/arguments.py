@@ -4,6 +4,10 @@ from parser.py, which imports those sub-commands to register them)."""
 from __future__ import annotations
 
 import argparse
+import os
+import stat
+
+from lowbit.errors import ConfigError
 
 
 def parse_bool(text: str) -> bool:
@@ -21,3 +25,17 @@ def add_verbosity(parser: argparse.ArgumentParser, *, top: bool = False) -> None
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors (no progress bars)", **default)
     parser.add_argument("-v", "--verbose", action="count", help="more detail on stderr",
                         default=0 if top else argparse.SUPPRESS)  # fmt: skip
+
+
+def check_input_file(path: str, what: str) -> None:
+    """``path`` must be a regular file: reading a FIFO or a device could block forever, a folder is a mistake."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"{what} file {path} does not exist") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read {what} file {path}: {error.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"{what} {path} is a folder, not a TOML file")
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{what} {path} is not a regular file (a pipe or a device); give a TOML file")

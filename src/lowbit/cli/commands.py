@@ -7,6 +7,7 @@ import argparse
 import os
 from typing import Any
 
+from lowbit.cli.arguments import check_input_file
 from lowbit.config import RunConfig, check_option_value, load_run_config, merge_options
 from lowbit.config.options import OPTION_BY_NAME, EffectiveOptions
 from lowbit.errors import ConfigError
@@ -22,7 +23,7 @@ def resolve(args: argparse.Namespace, *, needs_config: bool = False) -> tuple[Ef
     if needs_config and args.config is None:
         raise ConfigError(f"lowbit {args.command} needs --config: a TOML file with [passes.*] tables")
     if args.config is not None:
-        _check_config_file(args.config)
+        check_input_file(args.config, "config")
     config = load_run_config(args.config, PASSES) if args.config is not None else RunConfig()
     given = {name: check_option_value(name, value, "command line") for name, value in vars(args).items()
              if name in OPTION_BY_NAME}  # fmt: skip
@@ -37,22 +38,6 @@ def resolve(args: argparse.Namespace, *, needs_config: bool = False) -> tuple[Ef
     if args.print_config and is_rank_zero():
         show_effective_options(options)
     return options, config
-
-
-def _check_config_file(path: str) -> None:
-    """A config must be a regular file: reading a FIFO or a device could block forever."""
-    import stat
-
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except OSError as error:
-        raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
-    if stat.S_ISDIR(mode):
-        raise ConfigError(f"config {path} is a folder, not a TOML file")
-    if not stat.S_ISREG(mode):
-        raise ConfigError(f"config {path} is not a regular file (a pipe or a device); give a TOML file")
 
 
 def run_train(args: argparse.Namespace) -> int:

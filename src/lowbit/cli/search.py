@@ -11,6 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
+from lowbit.cli.arguments import check_input_file
 from lowbit.errors import ConfigError, LowbitError
 
 
@@ -41,6 +42,7 @@ def run_search_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"--n-trials must be a positive integer, got {args.n_trials}")
     if args.workers < 1:
         raise ConfigError(f"--workers must be a positive integer, got {args.workers}")
+    check_input_file(args.config, "config")  # before any worker starts: a FIFO would block them all
     others = [_start_worker(args, index) for index in range(1, args.workers)]
     from lowbit.config import check_option_value
 

@@ -90,8 +90,12 @@ def _range(spec: Any) -> str:
 
 # ---- stats-to-config ----------------------------------------------------------------------------------------
 def run_stats_to_config(args: argparse.Namespace) -> int:
+    from lowbit.cli.arguments import check_input_file
     from lowbit.graph import stats_to_config_file
 
+    check_input_file(args.stats, "statistics")
+    if args.base is not None:
+        check_input_file(args.base, "base config")
     config = stats_to_config_file(args.stats, args.dest, args.base)
     nodes = [key for key in config.get("passes", {}).get("quantize", {}) if key not in ("by", "default", "report")]
     print(f"wrote {args.dest}: quantize configs for {len(nodes)} nodes ({', '.join(nodes)})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,20 @@ def prepare(options: Any) -> None:
     """Check model / dataset; fill in the task from the dataset and the default project name (in place)."""
     if not 0 <= options["seed"] < 2**32:  # numpy's seeds (torch's too wide a range would overflow there)
         raise ConfigError(f"seed must be between 0 and 2**32 - 1 = {2**32 - 1}, got {options['seed']}")
+    _check_project_name(options["project"])
     model, dataset = check_pair(options["model"], options["dataset"])
     task = dataset_info(dataset).task
     if options.source("task") != "default" and options["task"] != task:
         raise ConfigError(f"task {options['task']!r} ({options.source('task')}) does not fit dataset {dataset!r}, "
                           f"whose task is {task!r}; leave task out")  # fmt: skip
     options.values.update(model=model, dataset=dataset, task=task, project=options["project"] or f"{model}_{task}_{dataset}")
+
+
+def _check_project_name(project: str | None) -> None:
+    """A project is one folder under project_dir: a path ("../x", "a/b") would put outputs elsewhere."""
+    if project and (project in (".", "..") or "/" in project or (os.sep != "/" and os.sep in project)):
+        raise ConfigError(f"project {project!r} must be a folder name, not a path (set --project-dir for where "
+                          f"outputs go)")  # fmt: skip
 
 
 PRETRAINED_MODELS = ("minilm",)  # built with their published weights
