@@ -32,7 +32,7 @@ def check_input_file(path: str, what: str) -> None:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        raise ConfigError(f"{what} file {path} does not exist") from None
+        raise ConfigError(f"cannot read {what} file {path}: it does not exist") from None
     except OSError as error:
         raise ConfigError(f"cannot read {what} file {path}: {error.strerror}") from None
     if stat.S_ISDIR(mode):
