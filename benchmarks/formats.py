@@ -145,7 +145,10 @@ def format_row(row: dict, kind: str) -> str:
     peer = row["best_peer"]
     peer_cell = f"{peer}: {cell(peer)}" if peer else "-"
     return (f"| {row['format']} | {kind} | {cell('eager')} | {cell('auto')} | {cell('compiled')} "
-            f"| {timing['clone'][3] * 1e3:.3f} | {peer_cell} | { {True: 'yes', False: 'NO', None: '-'}[row['identical']] } |")
+            f"| {timing['clone'][3] * 1e3:.3f} | {peer_cell} | {_IDENTICAL[row['identical']]} |")
+
+
+_IDENTICAL = {True: "yes", False: "NO", None: "-"}
 
 
 HEADER = ("| format | kind | eager x clone | auto x clone | compiled x clone | clone ms | fastest peer x clone "

@@ -65,14 +65,16 @@ def round_to_float_grid(
     max_value: float | torch.Tensor,
     rounding: str = "nearest_even",
     generator: torch.Generator | None = None,
+    saturate: bool = True,
 ) -> torch.Tensor:
-    """Nearest (by ``rounding``) value of the grid described above, saturating at +-max_value."""
+    """Nearest (by ``rounding``) value of the grid described above, saturating at +-max_value (a caller
+    that knows nothing can round past max_value may pass ``saturate=False`` to skip that pass)."""
     # Elements of the binade [2^e, 2^(e+1)) (or the subnormal range) sit on multiples of 2^(e - M).
     step = grid_step(x, mantissa_bits, min_exponent)
     scaled = x / step  # exact: a power of two
     rounded = scaled.round_() if rounding == "nearest_even" else round_to_integer(scaled, rounding, generator)
     rounded = rounded.mul_(step)
-    return rounded.clamp_(-max_value, max_value)  # a per-block max_value >= 0 clamps in one pass as well
+    return rounded.clamp_(-max_value, max_value) if saturate else rounded  # a per-block max_value >= 0 clamps in one pass as well
 
 
 def grid_step(x: torch.Tensor, mantissa_bits: int, min_exponent: int | torch.Tensor) -> torch.Tensor:

@@ -33,8 +33,14 @@ from lowbit.errors import FormatError
 from lowbit.formats._base import FormatSpec, check_block_size, check_bool, check_int
 from lowbit.formats._float_grid import float_grid_values, round_to_float_grid
 from lowbit.formats._registry import register
-from lowbit.formats.block_fp import dtype_max_exponent, shared_exponent
-from lowbit.formats.blocking import apply_blockwise, block_shape, scaled_bits_per_element
+from lowbit.formats.block_fp import dtype_max_exponent, exponent_from_extremes, nearest_even_exponent, shared_exponent
+from lowbit.formats.blocking import (
+    apply_blockwise,
+    block_shape,
+    can_branch_on_data,
+    finite_extremes,
+    scaled_bits_per_element,
+)
 
 # Mantissa bits beyond float32's 23 could not be represented in a float32 result.
 _MAX_MANTISSA_BITS = 23
@@ -129,12 +135,42 @@ class BlockMinifloat(FormatSpec):
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         block = block_shape(x.shape, self.block_size, None, self.skip_first_dim)
         max_shared = min(self.max_shared_exponent, dtype_max_exponent(x.dtype))
+        if self._float32_applies(x):
+            return apply_blockwise(x, block, lambda blocked, dims: self._float32_blocks(blocked, dims, max_shared))
 
         def quantize_blocks(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
             return self._quantize_blocks(blocked, dims, max_shared, generator)
 
         # float64: the smallest subnormal step (about 2^-790 at Bw = 10, E = 8) stays a normal float64.
         return apply_blockwise(x.double(), block, quantize_blocks).to(x.dtype)
+
+    def _float32_applies(self, x: torch.Tensor) -> bool:
+        """float32 data, a nearest mode and every block's smallest step >= 2^-149: then the float32 grid
+        rounding is exact where it matters (a quotient under 2^-126 rounds to a signed zero either way)
+        and every result is a float32 value, so it gives the float64 path's bits."""
+        smallest_step = self.element_min_exponent(self.min_shared_exponent) - self.mantissa_bits
+        return (x.dtype == torch.float32 and self.rounding.startswith("nearest") and self.mantissa_bits <= 22
+                and smallest_step >= -149 and can_branch_on_data(x))  # fmt: skip
+
+    def _float32_blocks(self, blocked: torch.Tensor, dims: tuple[int, ...], max_shared: int) -> torch.Tensor:
+        """The blocks in float32 with one reduction for the shared exponents (finite blocks); float64 otherwise."""
+        extremes = finite_extremes(blocked, dims)
+        if extremes is None:  # NaN / inf somewhere: the general path
+            return self._quantize_blocks(blocked.double(), dims, max_shared, None).float()
+        low, high = extremes
+        limits = (self.min_shared_exponent, max_shared)
+        if self.rounding == "nearest_even":
+            shared, saturates = nearest_even_exponent(low, high, self.mantissa_bits + 1, *limits)
+        else:
+            low, high = low.double().clamp_(max=0), high.double().clamp_(min=0)
+            shared = exponent_from_extremes(low, high, False, self.mantissa_bits + 1, self.rounding, *limits)
+            saturates = True
+        shared = shared.to(torch.int32)
+        top = torch.full(shared.shape, 2.0 - 2.0**-self.mantissa_bits, dtype=torch.float32, device=shared.device)
+        max_value = torch.ldexp(top, shared)
+        min_exponent = self.element_min_exponent(shared)
+        return round_to_float_grid(blocked, self.mantissa_bits, min_exponent, max_value, self.rounding,
+                                   saturate=saturates)  # fmt: skip
 
     def _quantize_blocks(self, blocked, dims, max_shared: int, generator) -> torch.Tensor:
         # The top binade of a minifloat is a block_fp grid with M + 1 significant bits.
