@@ -166,6 +166,8 @@ def test_cli_search_with_two_workers(tmp_path):
                                capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
     assert completed.returncode == 0, completed.stderr
     assert "trials in study: 4 (this run added 4" in completed.stdout
+    sentence = json.loads((tmp_path / "out" / "front.json").read_text())["comparison"]["sentence"]
+    assert f"against the uniform presets: {sentence}\n" in completed.stdout
     trials = json.loads((tmp_path / "out" / "trials.json").read_text())
     assert sorted(t["number"] for t in trials) == [0, 1, 2, 3]
     page = (tmp_path / "out" / "search.html").read_text()

@@ -81,6 +81,8 @@ def _show(result: dict[str, Any]) -> None:
     for record in front:
         metrics = ", ".join(f"{k}={v:.4g}" for k, v in record["metrics"].items())
         print(f"  front trial {record['number']}: {metrics}")
+    if result.get("comparison"):
+        print(f"against the uniform presets: {result['comparison']['sentence']}")
     print(f"outputs: {', '.join(str(path) for path in result['files'])}")
 
 
