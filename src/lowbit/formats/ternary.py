@@ -25,13 +25,14 @@ idempotent when alpha > delta, which a calibrated alpha (a mean of magnitudes ab
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
 from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_float, check_int
 from lowbit.formats._registry import register
 from lowbit.formats.binary import check_given_alpha, given_alpha, masked_mean, mean_abs
-from lowbit.formats.blocking import apply_blockwise, block_shape, scaled_bits_per_element
+from lowbit.formats.blocking import apply_blockwise, block_shape, can_branch_on_data, scaled_bits_per_element
 
 # Threshold = factor * |statistic|, tried in this order (seed 002 / MASE 2023 priorities).
 STATISTIC_FACTORS: tuple[tuple[str, float], ...] = (("mean", 0.75), ("median", 0.75), ("max", 0.05))
@@ -111,8 +112,48 @@ class Ternary(FormatSpec):
         return (blocked > delta).to(blocked.dtype) - (blocked < -delta).to(blocked.dtype)
 
     def _ternarize(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+        if can_branch_on_data(blocked):
+            fast = self._ternarize_finite(blocked, dims)
+            if fast is not None:
+                return fast
         signs = self._signs(blocked, dims)
         if self.scaling_factor:
             above = (signs != 0) & torch.isfinite(blocked)
             signs = signs * masked_mean(blocked.abs(), above, dims)
         return torch.where(torch.isnan(blocked), blocked, signs)
+
+    def _ternarize_finite(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor | None:
+        """``_ternarize`` in fewer passes when every element is finite (None otherwise): the same threshold
+        and scale from one |x| tensor, and no ``where`` (slow on the CPU); |x| > delta selects both signs
+        (delta >= 0). The scale matters only in blocks where something is selected, whose largest |x| is
+        selected too, so the block max is the max over the selection."""
+        magnitude = blocked.abs()
+        top = magnitude.amax(dim=dims, keepdim=True)  # NaN and inf propagate into it
+        if not bool(torch.isfinite(top).all()):
+            return None
+        unit = torch.where(top > 0, top, torch.ones_like(top))
+        fixed = self.fixed_threshold
+        if fixed is None:
+            delta = TWN_FACTOR * _scaled_mean(magnitude, unit, math.prod(magnitude.shape[d] for d in dims), dims)
+        else:
+            delta = torch.tensor(fixed, dtype=blocked.dtype, device=blocked.device)
+        # 1.0 where |x| > delta, else 0.0: a comparison written straight into floats (a bool mask would be
+        # converted on every use); the counts are exact float32 sums of ones up to 2^24 elements a block
+        selected = torch.gt(magnitude, delta, out=torch.empty_like(magnitude))
+        if self.scaling_factor:
+            exact = math.prod(magnitude.shape[d] for d in dims) <= 2**24
+            count = selected.sum(dim=dims, keepdim=True, dtype=None if exact else torch.float64)
+            value = _scaled_mean(magnitude.mul_(selected), unit, count, dims)
+        else:
+            value = torch.ones((), dtype=blocked.dtype, device=blocked.device)
+        # +-value where selected (the sign of x), +0 elsewhere (-0 + 0 is +0): what signs * value gives
+        return torch.copysign(value, blocked).mul_(selected).add_(0.0)
+
+
+def _scaled_mean(kept: torch.Tensor, unit: torch.Tensor, count, dims: tuple[int, ...]) -> torch.Tensor:
+    """``masked_mean`` step for step, for finite magnitudes already zero outside the selection and a block
+    max ``unit`` (1 for an all-zero block). Its "all selected values equal: the max" rule needs no check
+    here: each then divides to exactly 1, so the float64 sum is the count and the mean the max itself."""
+    total = (kept / unit).sum(dim=dims, keepdim=True, dtype=torch.float64)
+    count = count.clamp(min=1) if isinstance(count, torch.Tensor) else max(1, count)
+    return unit * (total / count).to(kept.dtype)
