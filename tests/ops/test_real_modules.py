@@ -227,9 +227,33 @@ def test_compiled_path_equals_int_mm_path_bit_for_bit(compiled_backend, settings
     assert kinds == ["token_quantize", "token_rescale"]  # one quantizer and one rescaler for every row count
 
 
+@pytest.mark.parametrize("settings", [{}, {"act_symmetric": False}, {"act_bits": 7}])
+def test_fbgemm_path_equals_the_float_codes_path_bit_for_bit(compiled_backend, settings):
+    """fbgemm sums through unit-scale weights and the shared rescaling: the same bits as every exact-sums
+    path (eager below FUSED_MIN_ROWS, compiled quantize / in-place rescale from there), so the row-count
+    crossover of the automatic choice never changes a result. One symmetric row is fbgemm's own scaling."""
+    from lowbit.ops import routes
+
+    module = Int8DynamicLinear.from_float(torch.nn.Linear(96, 40), **settings)
+    if not routes.runs_exactly("fbgemm", "cpu", module.act_bits):
+        pytest.skip("fbgemm saturates these codes on this CPU (the forced path is refused, tested in test_routes)")
+    generator = torch.Generator().manual_seed(6)
+    for rows in (2, 5, routes.FUSED_MIN_ROWS + 3):
+        x = torch.randn(rows, 96, generator=generator) * 3
+        x[1, 4] = float("nan")  # NaN -> code 0 on every path
+        x[0, 7] = 40.0
+        module.path = "float_codes"
+        want = module(x)
+        module.path = "fbgemm"
+        assert torch.equal(module(x).nan_to_num(), want.nan_to_num()), rows
+        assert torch.equal(module(x).isnan(), want.isnan())
+    kinds = sorted(key[0] for key in compiled_backend._kernels)
+    assert kinds == ["token_float_quantize", "token_rescale_"]  # the large batch ran the fused kernels
+
+
 def test_auto_path_compiles_only_large_token_batches(compiled_backend):
     module = Int8DynamicLinear.from_float(torch.nn.Linear(32, 8))
-    small, large = torch.randn(Int8DynamicLinear.COMPILED_MIN_ROWS - 1, 32), torch.randn(200, 32)
+    small, large = (torch.randn(Int8DynamicLinear.COMPILED_MIN_ROWS + extra, 32) for extra in (-1, 0))
     with capabilities.injected("avx512_vnni"):  # a CPU where torch._int_mm is exact and fast
         assert module.choose_path(large) == "compiled"
         assert module.choose_path(small) == "fbgemm"

@@ -47,6 +47,18 @@ def test_int8_dynamic_decision_table(cpu_class):
         assert static == ("float_codes" if cpu_class == "avx2" else "fbgemm")
 
 
+@pytest.mark.parametrize("cpu_class", sorted(EXPECTED_INT8))
+def test_int8_dynamic_row_crossover(cpu_class):
+    """fbgemm's prepacked kernel below COMPILED_MIN_ROWS (measured faster at 64 rows on Zen 5), the integer
+    matmul route from there where it is fast; no-VNNI classes never take the saturating one-call fbgemm."""
+    crossover = routes.COMPILED_MIN_ROWS
+    assert 64 < crossover <= 2112
+    with capabilities.injected(cpu_class):
+        below, at = (routes.int8_dynamic(CPU, rows, 1024, 1024, compile_allowed=True) for rows in (64, crossover))
+    big = {"amx": "onednn", "avx2": "fbgemm_pairs"}.get(cpu_class, "compiled")
+    assert (below, at) == ("fbgemm_pairs" if cpu_class == "avx2" else "fbgemm", big)
+
+
 def test_compiled_route_only_where_int_mm_is_fast():
     with capabilities.injected("avx512_vnni"):
         assert routes.int8_dynamic(CPU, 2112, 384, 1536, compile_allowed=True) == "compiled"

@@ -142,12 +142,12 @@ class Int8DynamicLinear(_Int8WeightLinear):
         steps (in place on float32 sums that are this call's own tensor)."""
         sums = None if self.act_symmetric else self._weight_sums()
         arguments = (acc, scale, self.weight_scale, offset, sums, self.bias)
+        # fbgemm and oneDNN return a fresh tensor of float sums: rescaled in place, no second output to fault in
+        rescale = kernels.token_rescale_ if acc.dtype == torch.float32 else kernels.token_rescale
         if fused:
-            rescale_key = ("token_rescale", self.act_symmetric, self.bias is None, self.out_features, acc.dtype)
-            return backend.run_fused(rescale_key, kernels.token_rescale, *arguments)
-        if acc.dtype == torch.float32:  # fbgemm and oneDNN return a fresh tensor of float sums
-            return kernels.token_rescale_(*arguments)
-        return kernels.token_rescale(*arguments)
+            rescale_key = (rescale.__name__, self.act_symmetric, self.bias is None, self.out_features, acc.dtype)
+            return backend.run_fused(rescale_key, rescale, *arguments)
+        return rescale(*arguments)
 
     def _token_sums(self, codes: torch.Tensor, path: str) -> torch.Tensor:
         """int32 sums [M, N] of int8 codes [M, K] and the weight codes (float32 from oneDNN: the same numbers)."""

@@ -9,9 +9,9 @@ that is slow here warns once. The tables, per CPU class (docs/real-execution.md 
 ======================= ============================================ =========================================
 class                   int8 dynamic Linear, per token               weight-only Linear
 ======================= ============================================ =========================================
-AMX                     >= 64 rows: ``onednn`` where measured faster  float32 model: ``dequantize``;
+AMX                     >= 256 rows: ``onednn`` where faster          float32 model: ``dequantize``;
                         fewer: ``fbgemm``                            bfloat16 model / ``compute_dtype``:
-AVX-512 VNNI (+ BF16)   >= 64 rows: ``compiled`` / ``int_mm``;        packed kernel up to 32 rows,
+AVX-512 VNNI (+ BF16)   >= 256 rows: ``compiled`` / ``int_mm``;       packed kernel up to 32 rows,
                         fewer: ``fbgemm``                            ``dequantize_bf16`` above
 AVX2 / AVX-512 no VNNI  ``fbgemm_pairs`` (two exact 7-bit halves) or
                         ``float_codes``; with ``act_bits=7``: one
@@ -35,7 +35,10 @@ CPU_ONLY = ("fbgemm", "fbgemm_pairs", "onednn", "int4pack", "int8pack")
 EXACTNESS = {"fbgemm_pairs": "fbgemm_half_exact", "onednn": "onednn_linear_exact", "int4pack": "int4pack",
              "int8pack": "int8pack", "int_mm": "int_mm_exact", "compiled": "int_mm_exact"}  # fmt: skip
 SPEED = {"int_mm": "int_mm_fast", "compiled": "int_mm_fast", "dequantize_bf16": "bfloat16_fast"}
-COMPILED_MIN_ROWS = 64  # measured crossover: below it fbgemm's prepacked kernel wins (docs/real-execution.md)
+# Measured crossover on AVX-512 VNNI (Zen 5, docs/real-execution.md): below it fbgemm's prepacked kernel wins
+# (1024² x 64 rows: 0.19x fp32 against 0.27x for compiled int_mm), at 256 rows they tie, from 1024 rows
+# int_mm is 5-20 % faster. Both give the same bits, so the crossover changes speed only.
+COMPILED_MIN_ROWS = 256
 FUSED_MIN_ROWS = 256  # from here the per-token quantize / rescale steps run compiled (two compiled calls pay off)
 _warned: set[tuple[str, str, str]] = set()
 
