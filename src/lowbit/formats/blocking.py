@@ -120,7 +120,13 @@ def block_statistics(x: torch.Tensor, block: Sequence[int], statistic: BlockFn) 
 
 
 def finite_abs_max(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """max |x| per block over finite elements only (NaN / +-inf do not set a block's scale)."""
+    """max |x| per block over finite elements only (NaN / +-inf do not set a block's scale). Eagerly, when
+    every block is finite: max(max, -min) from one pass (``finite_extremes``), the same value."""
+    if can_branch_on_data(blocked):
+        extremes = finite_extremes(blocked, dims)
+        if extremes is not None:
+            low, high = extremes
+            return torch.maximum(high, low.neg()).abs_()  # abs_: an all -0.0 block gives +0.0, as |x| does
     return finite_or_zero(blocked.abs()).amax(dim=dims, keepdim=True)
 
 
@@ -141,13 +147,11 @@ def finite_min_max(blocked: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.
 
 
 def finite_extremes(blocked: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(min, max) per block in the input dtype, one pass where the blocks run along one dimension; None when
-    some block holds NaN or +-inf (both propagate through the reductions), or when the extremes' difference
-    overflows: the caller then takes its general path. Eager only (the check reads the data)."""
-    if len(dims) == 1:
-        low, high = torch.aminmax(blocked, dim=dims[0], keepdim=True)
-    else:
-        low, high = blocked.amin(dim=dims, keepdim=True), blocked.amax(dim=dims, keepdim=True)
+    """(min, max) per block in the input dtype, from two reductions of x itself (no |x| or finite-only copy;
+    ``torch.aminmax`` over a short last dimension is several times slower than both); None when some block
+    holds NaN or +-inf (both propagate through the reductions), or when the extremes' difference overflows:
+    the caller then takes its general path. Eager only (the check reads the data)."""
+    low, high = blocked.amin(dim=dims, keepdim=True), blocked.amax(dim=dims, keepdim=True)
     if not bool(torch.isfinite(high - low).all()):
         return None
     return low, high
