@@ -26,8 +26,20 @@ import torch
 
 from lowbit.formats._base import FormatSpec, check_axis, check_block_size, check_bool, check_int
 from lowbit.formats._registry import register
-from lowbit.formats.blocking import apply_blockwise, block_shape, finite_abs_max, scaled_bits_per_element
-from lowbit.formats.log import MAX_WIDTH, round_to_power_of_two
+from lowbit.formats.blocking import (
+    apply_blockwise,
+    block_shape,
+    can_branch_on_data,
+    finite_abs_max,
+    finite_extremes,
+    scaled_bits_per_element,
+)
+from lowbit.formats.log import (
+    MAX_WIDTH,
+    fast_nearest_applies_per_block,
+    nearest_power_of_two_finite,
+    round_to_power_of_two,
+)
 
 MAX_BIAS_WIDTH = 10  # beta <= 1023 keeps the smallest element power 2^(1 - beta) inside float64
 
@@ -99,7 +111,17 @@ class BlockLog(FormatSpec):
         return apply_blockwise(x, block, lambda blocked, dims: self._quantize_block(blocked, dims, generator))
 
     def _quantize_block(self, blocked: torch.Tensor, dims: tuple[int, ...], generator) -> torch.Tensor:
-        bias = self.block_bias(finite_abs_max(blocked, dims))  # [n0, 1, n1, 1, ...]
+        fast = (self.rounding == "nearest_even" and not self.log_domain
+                and blocked.dtype in (torch.float32, torch.float64) and can_branch_on_data(blocked))  # fmt: skip
+        extremes = finite_extremes(blocked, dims) if fast else None  # None: some block holds NaN / inf
+        if extremes is None:
+            block_max = finite_abs_max(blocked, dims)
+        else:
+            block_max = torch.maximum(extremes[1], extremes[0].neg()).abs_()
+        bias = self.block_bias(block_max)  # [n0, 1, n1, 1, ...]
         min_exponent = 1 - bias
         max_exponent = 2**self.exponent_width - 1 - bias
+        # the bit path needs every block's zero threshold 2^(min_exponent - 1) to be a normal number
+        if extremes is not None and fast_nearest_applies_per_block(blocked.dtype, min_exponent):
+            return nearest_power_of_two_finite(blocked, min_exponent, max_exponent)
         return round_to_power_of_two(blocked, min_exponent, max_exponent, self.rounding, generator, self.log_domain)

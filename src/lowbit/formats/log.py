@@ -154,6 +154,30 @@ def nearest_power_of_two(x: torch.Tensor, min_exponent: int, max_exponent: int) 
     return torch.where(torch.isnan(x), x, power)
 
 
+def fast_nearest_applies_per_block(dtype: torch.dtype, min_exponent: torch.Tensor) -> bool:
+    """``fast_nearest_applies`` for every block's ``min_exponent`` (eager: reads the small tensor)."""
+    return dtype in _BIT_LAYOUT and bool((min_exponent - 1 >= 1 - _BIT_LAYOUT[dtype][2]).all())
+
+
+def nearest_power_of_two_finite(x: torch.Tensor, min_exponent: torch.Tensor,
+                                max_exponent: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """``nearest_power_of_two`` for finite x (no NaN / inf) with per-block exponent tensors that broadcast
+    against it (int), each block's 2^(min_exponent - 1) a normal number of x's dtype: the same bit steps,
+    with the parity constant, the clamp bounds and the zero threshold per block, and the zeroing done by a
+    multiplication with a 0 / 1 comparison written into the |x| buffer (masked_fill is slow on the CPU)."""
+    int_dtype, mantissa_bits, bias = _BIT_LAYOUT[x.dtype]
+    dtype_max_exponent = math.frexp(torch.finfo(x.dtype).max)[1] - 1
+    magnitude = x.abs()
+    bits = magnitude.view(int_dtype)
+    parity = (bits >> mantissa_bits).add_((min_exponent & 1).to(int_dtype)).bitwise_and_(1)  # 1: a tie rounds up
+    power = parity.add_(bits).add_((1 << (mantissa_bits - 1)) - 1).bitwise_and_(((2 * bias + 1) << mantissa_bits))
+    smallest = exact_pow2(min_exponent, x.dtype)
+    largest = exact_pow2(torch.clamp(max_exponent, max=dtype_max_exponent), x.dtype)
+    power = power.view(x.dtype).clamp_(smallest, largest)
+    kept = torch.gt(magnitude, exact_pow2(min_exponent - 1, x.dtype), out=magnitude)  # 1.0 above the midpoint
+    return power.mul_(kept).copysign_(x)
+
+
 def power_of_two_values(min_exponent: int, max_exponent: int) -> torch.Tensor:
     """{0} U {+-2^e : min_exponent <= e <= max_exponent}, sorted ascending (float64)."""
     powers = [math.ldexp(1.0, e) for e in range(min_exponent, max_exponent + 1)]
