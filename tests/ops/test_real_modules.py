@@ -238,10 +238,13 @@ def test_fbgemm_path_equals_the_float_codes_path_bit_for_bit(compiled_backend, s
     if not routes.runs_exactly("fbgemm", "cpu", module.act_bits):
         pytest.skip("fbgemm saturates these codes on this CPU (the forced path is refused, tested in test_routes)")
     generator = torch.Generator().manual_seed(6)
-    for rows in (2, 5, routes.FUSED_MIN_ROWS + 3):
+    for rows in (4, 7, routes.FUSED_MIN_ROWS + 3):
         x = torch.randn(rows, 96, generator=generator) * 3
         x[1, 4] = float("nan")  # NaN -> code 0 on every path
         x[0, 7] = 40.0
+        x[-1, 9] = float("inf")  # an infinite scale: codes 0 (inf * 0 is NaN) on every path
+        x[-2] = 0.75  # a constant row; the next one tiny (its scale clamped to the smallest normal)
+        x[-3] = torch.randn(96, generator=generator) * 1e-39
         module.path = "float_codes"
         want = module(x)
         module.path = "fbgemm"

@@ -116,7 +116,7 @@ class Int8DynamicLinear(_Int8WeightLinear):
             key = ("token_float_quantize", self.act_symmetric, self.q_max, self.in_features)
             codes, scale, offset = backend.run_fused(key, kernels.token_float_quantize, rows, self.act_symmetric, self.q_max)
         else:
-            codes, scale, offset = kernels.token_float_quantize(rows, self.act_symmetric, self.q_max)
+            codes, scale, offset = kernels.token_float_quantize_eager(rows, self.act_symmetric, self.q_max)
         # Integer-valued input with scale 1: fbgemm's round(x + zero point) gives exactly these codes.
         sums = kernels.fbgemm_linear(codes, 1.0, zero_point, self._packed_unit())
         return self._rescale_sums(sums, scale, offset, fused)

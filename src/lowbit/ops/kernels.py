@@ -26,7 +26,7 @@ import torch
 
 from lowbit.ops import capabilities
 from lowbit.ops.integer import dense
-from lowbit.ops.quant import token_codes, token_float_codes
+from lowbit.ops.quant import token_codes, token_float_codes, token_scales
 from lowbit.qtensor.packing import pack_codes
 
 FBGEMM_LINEAR = "linear_with_input_q_dq_qweight_dq_output_fp32"
@@ -103,6 +103,15 @@ def token_float_quantize(x: torch.Tensor, symmetric: bool, q_max: int = 127):
     adds its zero point and rounds, exact for integers), fused into one pass on the "fbgemm" path."""
     token = token_float_codes(x, symmetric, q_max)
     return token.codes, token.scale, token.offset
+
+
+def token_float_quantize_eager(x: torch.Tensor, symmetric: bool, q_max: int = 127):
+    """:func:`token_float_quantize` in the fewest eager operations (each costs a dispatch, which is most of the
+    time at a few rows): the same values, since |round((x - offset) / scale)| cannot pass q_max (scale is at
+    least the row's half range / q_max, rounding moves the quotient by a few ulps) and NaN codes become 0."""
+    scale, inverse, offset = token_scales(x.float(), symmetric, q_max)
+    centred = x * inverse if offset is None else (x - offset).mul_(inverse)
+    return centred.round_().nan_to_num_(0.0), scale, offset
 
 
 def token_rescale(acc: torch.Tensor, scale: torch.Tensor, weight_scale: torch.Tensor, offset: torch.Tensor | None,
