@@ -122,7 +122,8 @@ def _is_root(target: Path) -> bool:
 def _follow_into(target: Path, working: Path) -> None:
     """The working directory was inside the folder just swapped out: move it to the same place in the new one."""
     same_place = target / working.relative_to(target)
-    os.chdir(same_place if same_place.is_dir() else target)
+    with contextlib.suppress(OSError):  # the save itself is done; a folder we may not enter is not its failure
+        os.chdir(same_place if same_place.is_dir() else target)
 
 
 def _move_files(building: Path, target: Path, owned: set[str], last: str | None) -> None:
