@@ -51,9 +51,18 @@ def write_sidecar_for(path: str | os.PathLike) -> None:
     _write_sidecar(Path(path), [digest_file(path)])
 
 
+def sidecar_text(name: str, data: bytes) -> str:
+    """The sidecar of a file named ``name`` holding ``data``, for a writer that publishes both together (a
+    folder swapped whole by :func:`lowbit._io.atomic_directory`)."""
+    return _sidecar_text(name, [hashlib.sha256(data).hexdigest()])
+
+
+def _sidecar_text(name: str, digests: list[str]) -> str:
+    return json.dumps({"schema": SCHEMA, "version": VERSION, "file": name, "sha256": digests}) + "\n"
+
+
 def _write_sidecar(path: Path, digests: list[str]) -> None:
-    doc = {"schema": SCHEMA, "version": VERSION, "file": path.name, "sha256": digests}
-    atomic_write_text(sidecar_of(path), json.dumps(doc) + "\n")
+    atomic_write_text(sidecar_of(path), _sidecar_text(path.name, digests))
 
 
 def _listed(path: Path) -> list[str]:
@@ -91,5 +100,5 @@ def text_seal_matches(blob: bytes, recorded: object) -> bool:
     return seal_matches(blob, recorded)
 
 
-__all__ = ["digest_file", "seal_text", "sidecar_of", "text_seal_matches", "verify_sidecar", "write_sidecar_for",
-           "write_with_sidecar"]  # fmt: skip
+__all__ = ["digest_file", "seal_text", "sidecar_of", "sidecar_text", "text_seal_matches", "verify_sidecar",
+           "write_sidecar_for", "write_with_sidecar"]  # fmt: skip

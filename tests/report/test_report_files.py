@@ -42,7 +42,7 @@ def _reject_constant(name):
 
 def test_json_is_strict_and_round_trips(report, written):
     paths = written
-    assert sorted(p.name for p in paths["json"].parent.iterdir()) == ["report.html", "report.json"]
+    assert sorted(p.name for p in paths["json"].parent.iterdir()) == ["report.html", "report.json", "report.json.sha256"]
     text = paths["json"].read_text()
     loaded = json.loads(text, parse_constant=_reject_constant)
     assert loaded["schema"] == "lowbit.report/1"
@@ -102,3 +102,26 @@ def test_printed_table_and_files_from_the_pass(mixed_graph, toy_model, toy_batch
     print_report(info["report"], console)
     text = console.export_text()
     assert "Formats per role" in text and "mxint8" in text
+
+
+def test_a_bit_flipped_report_json_is_refused(tmp_path):
+    """report.json.sha256 is published with the report: every flipped byte is refused, none read as other numbers."""
+    from lowbit._checksum import sidecar_of, sidecar_text
+    from lowbit.errors import FormatError
+    from lowbit.report.files import to_json
+
+    report = {"schema": "lowbit.report/1", "summary": {"sqnr_db": 12.5}, "layers": [{"name": "fc", "bits": 4.0}]}
+    path = tmp_path / "r" / "report.json"  # written as write_report publishes it (render_html needs a full report)
+    path.parent.mkdir()
+    path.write_text(to_json(report))
+    sidecar_of(path).write_text(sidecar_text(path.name, path.read_bytes()))
+    original = path.read_bytes()
+    for index in range(len(original)):
+        path.write_bytes(original[:index] + bytes([original[index] ^ 0x04]) + original[index + 1 :])
+        with pytest.raises(FormatError, match="report.json"):
+            read_report(path)
+    path.write_bytes(original)
+    assert read_report(path)["summary"]["sqnr_db"] == 12.5
+    sidecar_of(path).unlink()  # an older lowbit's report: read, with a warning
+    with pytest.warns(UserWarning, match="no checksum"):
+        assert read_report(path)["summary"]["sqnr_db"] == 12.5

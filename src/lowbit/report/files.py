@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
+from lowbit._checksum import sidecar_of, sidecar_text, verify_sidecar
 from lowbit._io import atomic_directory, write_file
 from lowbit.errors import ReportError
 
@@ -32,15 +34,20 @@ def write_report(report: dict[str, Any], directory: str | os.PathLike) -> dict[s
     target = Path(directory)
     paths = {"json": target / "report.json", "html": target / "report.html"}
     texts = {"json": to_json(report), "html": render_html(report)}  # both made before anything is written
-    with atomic_directory(target, owned=[path.name for path in paths.values()]) as building:
+    sidecar = sidecar_of(paths["json"])  # report.json.sha256, published in the same swap
+    with atomic_directory(target, owned=[*(path.name for path in paths.values()), sidecar.name]) as building:
         for key, path in paths.items():
             write_file(building / path.name, texts[key].encode())
+        write_file(building / sidecar.name, sidecar_text(paths["json"].name, texts["json"].encode()).encode())
     return paths
 
 
 def read_report(path: str | os.PathLike) -> dict[str, Any]:
     """A report.json back as a report dict (non-finite strings become floats again); ReportError naming the
-    file if it is not JSON or not a report."""
+    file if it is not JSON or not a report; FormatError if it does not match its ``.sha256`` sidecar (a
+    report.json without one, from an older lowbit, is read with a warning)."""
+    if not verify_sidecar(path):
+        warnings.warn(f"{path} has no checksum file (report.json.sha256): read unchecked", stacklevel=2)
     try:
         with open(path, encoding="utf-8") as stream:
             doc = json.load(stream)
