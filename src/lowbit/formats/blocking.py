@@ -158,8 +158,9 @@ def finite_extremes(blocked: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch
 
 
 def can_branch_on_data(x: torch.Tensor) -> bool:
-    """Whether a fast path may branch on x's values: eagerly (not while compiling) and not on meta."""
-    return not torch.compiler.is_compiling() and x.device.type != "meta"
+    """Whether a fast path may branch on x's values: eagerly (not while compiling or exporting), not on meta."""
+    compiler = torch.compiler
+    return not compiler.is_compiling() and not compiler.is_exporting() and x.device.type != "meta"
 
 
 def num_blocks(shape: Sequence[int], block: Sequence[int]) -> int:
