@@ -26,6 +26,7 @@ import torch
 
 from lowbit.formats._base import FormatSpec, check_axis, check_block_size, check_bool, check_int
 from lowbit.formats._registry import register
+from lowbit.formats.block_fp import dtype_max_exponent
 from lowbit.formats.blocking import (
     apply_blockwise,
     block_shape,
@@ -124,4 +125,11 @@ class BlockLog(FormatSpec):
         # the bit path needs every block's zero threshold 2^(min_exponent - 1) to be a normal number
         if extremes is not None and fast_nearest_applies_per_block(blocked.dtype, min_exponent):
             return nearest_power_of_two_finite(blocked, min_exponent, max_exponent)
+        if extremes is not None and fast_nearest_applies_per_block(torch.float64, min_exponent):
+            # float32 blocks whose smallest powers are float32 subnormals (Bw = 8 on data near 1): the same
+            # rounding in float64, where every float32 value and power is normal, saturating at float32's
+            # largest power; the cast back rounds 2^e below float32's range as the float32 path builds it
+            dtype_max = dtype_max_exponent(blocked.dtype)
+            top = torch.clamp(max_exponent, max=dtype_max)
+            return nearest_power_of_two_finite(blocked.double(), min_exponent, top).to(blocked.dtype)
         return round_to_power_of_two(blocked, min_exponent, max_exponent, self.rounding, generator, self.log_domain)
