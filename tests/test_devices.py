@@ -21,13 +21,8 @@ from torch.utils._pytree import tree_flatten
 import lowbit
 from lowbit.calibrate import stats
 from lowbit.calibrate.magnitude import MagnitudeObserver
-from lowbit.calibrate.observers import (
-    HistogramObserver,
-    MinMaxObserver,
-    MovingAverageMinMaxObserver,
-    MSEObserver,
-    PercentileObserver,
-)
+from lowbit.calibrate.histogram_observers import HistogramObserver, MSEObserver
+from lowbit.calibrate.observers import MinMaxObserver, MovingAverageMinMaxObserver, PercentileObserver
 from lowbit.errors import FormatError
 from lowbit.formats import resolve
 from lowbit.nn.modules import QuantConv2d, QuantLayerNorm, QuantLinear

@@ -111,7 +111,7 @@ class MSEObserver(_HistogramSearch):
 class HistogramObserver(_HistogramSearch):
     """Entropy calibration as in TensorRT: the magnitude threshold T minimising KL(P || Q) between the
     histogram of |x| and its quantization to ``levels`` = 2^(bits-1) (signed) or 2^bits (unsigned) levels
-    (:func:`lowbit.calibrate.quantile.kl_divergences`, searched over every bin edge T = i w from
+    (:func:`lowbit.calibrate.histogram.kl_divergences`, searched over every bin edge T = i w from
     ``levels`` bins up to the last occupied one). The range is [max(min, -T), min(max, T)]; data that
     occupy no more bins than there are levels keep their exact range. ``bins`` defaults to 4096, so that
     at least 2048 bins (TensorRT's histogram size) are in use after the dyadic rebinning.
