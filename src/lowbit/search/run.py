@@ -19,8 +19,7 @@ from lowbit.search.evaluate import Evaluator, fixed_subset, tokenized
 from lowbit.search.front import pareto_front, write_front
 from lowbit.search.measure import CostModel, load_cost_table, record_geometry
 from lowbit.search.space import PRESETS, REFERENCE_PRESETS, SearchSpace
-from lowbit.search.study import (completed_records, make_objective, make_sampler, make_storage, open_study,
-                                 optuna)  # fmt: skip
+from lowbit.search.study import completed_records, make_objective, make_sampler, make_storage, open_study
 
 log = logging.getLogger("lowbit")
 SPLITS = {"val_dataloader": "validation", "test_dataloader": "test", "train_dataloader": "train"}
