@@ -1,4 +1,10 @@
-"""Execution backends for format quantizers: plain eager PyTorch, or fused kernels from torch.compile.
+"""Execution backends for format quantizers: native C kernels, plain eager PyTorch, or torch.compile.
+
+``native`` runs a format's ``_native`` kernel (``lowbit.native``: plain C compiled once per machine, one
+pass over memory, bit-identical to eager) on CPU tensors of float32 / float16 / bfloat16, where the format has
+one for its parameters; everything else runs eagerly. ``auto`` (the default) takes the native kernel as soon
+as the library is loaded: the first call starts its build on a background thread (a compiler subprocess,
+about a second; cached on disk for later processes) and answers eagerly meanwhile.
 
 ``eager`` runs a format's ``_quantize`` op by op: every op reads and writes the whole tensor. ``compiled``
 hands the same function to ``torch.compile`` (Inductor's C++ backend on CPU), which fuses it into one
@@ -9,9 +15,10 @@ Kernels are cached per format spec, input dtype and rank, and compiled with dyna
 shape does not trigger a recompile. Stochastic rounding always runs eagerly: torch.compile draws random
 numbers from its own generator, and a seed must give the same result on either path.
 
-Choose with ``lowbit.set_backend("eager" | "compiled" | "auto")`` or the environment variable
-``LOWBIT_BACKEND``. ``compiled`` compiles on first use and waits for it. ``auto`` (the default) never makes
-a caller wait for a compiler: it answers eagerly until a kernel key (spec, input dtype, rank, output dtype)
+Choose with ``lowbit.set_backend("auto" | "native" | "eager" | "compiled")`` or the environment variable
+``LOWBIT_BACKEND``. ``compiled`` compiles on first use and waits for it; ``native`` builds the native library
+on first use and waits for it. ``auto`` never makes a caller wait for a compiler: where no native kernel
+applies, it answers eagerly until a kernel key (spec, input dtype, rank, output dtype)
 has been called ``HOT_CALLS`` times on tensors of at least ``AUTO_MIN_ELEMENTS`` elements; then one
 background thread compiles the kernel on a zero tensor of the caller's shape, and from the next call on
 that (kernel key, device, shape, inference mode) runs the fused kernel. Both paths give the same bits, so
@@ -34,12 +41,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from lowbit import native
 from lowbit.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
     from lowbit.formats._base import FormatSpec
 
-BACKENDS = ("auto", "eager", "compiled")
+BACKENDS = ("auto", "native", "eager", "compiled")
+_NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # auto: tensors smaller than this stay eager (a fused kernel saves little there); a kernel key becomes hot
 # after HOT_CALLS calls on larger ones and is then compiled in the background.
 AUTO_MIN_ELEMENTS = 1 << 14
@@ -60,7 +69,7 @@ _INDUCTOR_OPTIONS = {"emulate_precision_casts": True}
 
 
 def set_backend(name: str) -> None:
-    """Select how format quantizers run: "auto" (default), "eager" or "compiled"."""
+    """Select how format quantizers run: "auto" (default), "native", "eager" or "compiled"."""
     _state["backend"] = _checked(name, "set_backend")
 
 
@@ -103,6 +112,10 @@ def wants_compiled(spec: FormatSpec, x: torch.Tensor) -> bool:
 
 def run(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """``spec._quantize_in_dtype(x, generator)`` on the backend in force (x floating point, non-empty)."""
+    if not spec.is_stochastic and x.device.type == "cpu":
+        result = _native_result(spec, x)
+        if result is not None:
+            return result
     if not wants_compiled(spec, x):
         return spec._quantize_in_dtype(x, generator)
     upcast = spec.upcast_before_kernel and x.dtype in (torch.float16, torch.bfloat16)
@@ -119,10 +132,36 @@ def run(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) ->
         return spec._quantize_in_dtype(x, generator)
 
 
+def _native_result(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor | None:
+    """The native kernel's result, or None where none runs (other backend, dtype or layout; no kernel for
+    these parameters; library not loaded yet: ``auto`` starts its build and answers eagerly meanwhile)."""
+    name = get_backend()
+    if name not in ("auto", "native") or x.dtype not in _NATIVE_DTYPES or not x.is_contiguous():
+        return None
+    if native.library() is None:
+        if name == "auto":
+            native.start_background_build()
+            return None
+        if native.ensure() is None:
+            _native_unavailable()
+            return None
+    result = spec._native(x if x.dtype == torch.float32 else x.float(), x.dtype)
+    if result is None or x.dtype == torch.float32:
+        return result
+    return saturating_cast(result, x.dtype)
+
+
+def _native_unavailable() -> None:
+    if not _state.get("native_warned"):
+        _state["native_warned"] = True
+        warnings.warn(f"lowbit: native kernels are unavailable ({native.error()}); using the eager path",
+                      RuntimeWarning, stacklevel=5)  # fmt: skip
+
+
 def compiling_allowed(elements: int, auto_min_elements: int | None = None) -> bool:
     """Whether a fused kernel should run on an input of ``elements`` under the backend in force."""
     backend = get_backend()
-    if backend == "eager" or _state["broken"]:
+    if backend in ("eager", "native") or _state["broken"]:
         return False
     threshold = AUTO_MIN_ELEMENTS if auto_min_elements is None else auto_min_elements
     return backend == "compiled" or elements >= threshold

@@ -108,6 +108,12 @@ class FormatSpec:
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         raise NotImplementedError
 
+    def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
+        """The native kernel's result for x (float32, contiguous, on the CPU; deterministic rounding), as
+        float32, bit for bit what ``_quantize_for(x, None, out_dtype)`` gives; None where this format has no
+        native kernel for its parameters (subclasses override; see ``lowbit.native.kernels``)."""
+        return None
+
     def _quantize_for(self, x: torch.Tensor, generator: torch.Generator | None, out_dtype: torch.dtype) -> torch.Tensor:
         """``_quantize`` when the result will be cast to ``out_dtype``; formats whose grid depends on the
         output's range (MX scales) override this."""

@@ -22,6 +22,7 @@ import torch
 from lowbit.formats._base import FormatSpec, _fail, check_int, check_optional, set_field
 from lowbit.formats._float_grid import float_grid_max, float_grid_values, round_to_float_grid
 from lowbit.formats._registry import register
+from lowbit.native import kernels
 
 # float32 holds every grid whose smallest step and largest value stay inside its range; wider grids are
 # rounded in float64 (whose own limits bound the legal exponent_bias).
@@ -71,6 +72,11 @@ class FloatGrid(NamedTuple):
         """Round onto the grid, saturating at +-max_value (default: the grid's own max; inf: no clamp)."""
         limit = self.max_value if max_value is None else max_value
         return round_to_float_grid(x, self.mantissa_bits, self.min_exponent, limit, rounding, generator)
+
+    def round_native(self, x: torch.Tensor, rounding: str, max_value: float | None = None) -> torch.Tensor | None:
+        """``round`` by the native kernel (float32 x), or None where it does not apply."""
+        limit = self.max_value if max_value is None else max_value
+        return kernels.float_grid(x, self.mantissa_bits, self.min_exponent, limit, rounding, saturate=True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -149,6 +155,10 @@ class _Minifloat(FormatSpec):
         if grid.needs_float64:
             x = x.double()  # steps below 2^-149 (or values above 2^127) do not exist in float32
         return grid.round(x, self.rounding, generator)
+
+    def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
+        grid = self.grid
+        return None if grid.needs_float64 else grid.round_native(x, self.rounding)
 
 
 @register

@@ -1,0 +1,171 @@
+"""Build, cache and load lowbit's native quantizer library (plain C, no torch headers).
+
+The C sources in ``csrc/`` are compiled once per machine into a shared library, with the machine's own
+instruction set (``-march=native``: the compiler probes the CPU) and IEEE arithmetic kept exact (no fast-math,
+no contraction of a*b+c into a fused multiply-add, so every kernel rounds exactly as the eager torch ops do).
+A build takes about a second; it never runs at import, and ``auto`` starts it on a background thread (a
+compiler subprocess: nothing in this process is patched or traced), answering eagerly until it is loaded.
+
+Cache: ``$LOWBIT_CACHE_DIR`` (else ``$XDG_CACHE_HOME/lowbit``, else ``~/.cache/lowbit``) holds
+``native-<key>.so`` and its sealed checksum ``native-<key>.so.sha256``; the key covers the sources, the
+compiler and its version, the flags and the CPU (model and ISA flags), so a cache shared between machines
+never loads a library built for another CPU. Both files appear whole or not at all (written to a temporary
+name, then renamed), and a library whose bytes do not match its checksum is rebuilt, never loaded.
+``LOWBIT_NATIVE=0`` turns the native path off; ``$CC`` picks the compiler.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).parent / "csrc"
+# Exact IEEE semantics: no -ffast-math, no FMA contraction, no errno calls in the rounding functions.
+BASE_FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared", "-pthread"]
+ARCH_FLAGS = [["-march=native"], []]  # the second: compilers / targets without -march=native
+BUILD_TIMEOUT_S = 120
+
+_state: dict = {"library": None, "error": None, "thread": None}
+_lock = threading.Lock()
+
+
+def disabled() -> bool:
+    return os.environ.get("LOWBIT_NATIVE", "").strip().lower() in ("0", "false", "no", "off")
+
+
+def cache_dir() -> Path:
+    if os.environ.get("LOWBIT_CACHE_DIR"):
+        return Path(os.environ["LOWBIT_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "lowbit"
+
+
+def compiler() -> str | None:
+    """The C compiler: $CC if set, else the first of cc, gcc, clang on PATH (None: no native path)."""
+    if os.environ.get("CC"):
+        return shutil.which(os.environ["CC"].split()[0])
+    return next((found for name in ("cc", "gcc", "clang") if (found := shutil.which(name))), None)
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded library, or None while it is not (yet) available. Never blocks and never builds."""
+    return _state["library"]
+
+
+def error() -> str | None:
+    """Why the library could not be built or loaded (None: no failure so far)."""
+    return _state["error"]
+
+
+def start_background_build() -> None:
+    """Build or load the library on a daemon thread, once per process (no-op when disabled or done)."""
+    if _state["library"] is not None or _state["error"] is not None or disabled():
+        return
+    with _lock:
+        if _state["thread"] is None:
+            _state["thread"] = threading.Thread(target=ensure, name="lowbit-native-build", daemon=True)
+            _state["thread"].start()
+
+
+def ensure() -> ctypes.CDLL | None:
+    """Build (if needed) and load the library now; None (and ``error()`` says why) when it cannot be."""
+    if disabled():
+        return None
+    with _lock:
+        if _state["library"] is None and _state["error"] is None:
+            try:
+                _state["library"] = _load_or_build()
+            except Exception as failure:  # no compiler, a failed build, an unwritable cache: stay eager
+                _state["error"] = f"{type(failure).__name__}: {failure}"
+    return _state["library"]
+
+
+def reset() -> None:
+    """Forget the loaded library and any failure (tests; the next ``ensure`` loads from the cache again)."""
+    with _lock:
+        _state.update(library=None, error=None, thread=None)
+
+
+def _sources() -> list[Path]:
+    return sorted(SOURCE_DIR.glob("*.c"))
+
+
+def _cpu_description() -> str:
+    """Model name and ISA flags of this CPU (the part of the key that -march=native depends on)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return platform.processor() or platform.machine()
+    wanted = ("model name", "flags", "Features", "CPU part", "CPU implementer")
+    lines = [line for line in text.splitlines() if line.split(":")[0].strip() in wanted]
+    return "\n".join(dict.fromkeys(lines))  # the first CPU's lines (every CPU repeats them)
+
+
+def _key(cc: str, flags: list[str]) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(SOURCE_DIR.iterdir()):
+        if path.suffix in (".c", ".h"):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    for part in (cc, version, " ".join(flags), platform.machine(), sys.platform, _cpu_description()):
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:24]
+
+
+def _load_or_build() -> ctypes.CDLL:
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (set $CC, or install gcc or clang)")
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    failures = []
+    for arch in ARCH_FLAGS:
+        flags = BASE_FLAGS + arch
+        path = folder / f"native-{_key(cc, flags)}.so"
+        if _sealed(path):
+            return ctypes.CDLL(str(path))
+        message = _compile(cc, flags, path)
+        if message is None:
+            return ctypes.CDLL(str(path))
+        failures.append(message)
+    raise RuntimeError("; ".join(failures))
+
+
+def _sealed(path: Path) -> bool:
+    """Whether ``path`` exists and matches its checksum file (a library is loaded only then)."""
+    seal = path.with_name(path.name + ".sha256")
+    try:
+        expected = seal.read_text().split()[0]
+        return hashlib.sha256(path.read_bytes()).hexdigest() == expected
+    except (OSError, IndexError):
+        return False
+
+
+def _compile(cc: str, flags: list[str], path: Path) -> str | None:
+    """Compile into a temporary file beside ``path``, then rename it and its checksum into place (whole or
+    not at all). Returns None on success, else the compiler's message."""
+    handle, temporary = tempfile.mkstemp(prefix=".native-", suffix=".so", dir=path.parent)
+    os.close(handle)
+    try:
+        result = subprocess.run([cc, *flags, "-o", temporary, *map(str, _sources()), "-lm"],
+                                capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)  # fmt: skip
+        if result.returncode != 0:
+            return f"{Path(cc).name} {' '.join(flags[-1:])} failed: {result.stderr.strip()[-300:]}"
+        data = Path(temporary).read_bytes()
+        seal_handle, seal_temporary = tempfile.mkstemp(prefix=".native-", suffix=".sha256", dir=path.parent)
+        with os.fdopen(seal_handle, "w") as seal:
+            seal.write(hashlib.sha256(data).hexdigest() + "\n")
+        os.replace(temporary, path)
+        os.replace(seal_temporary, path.with_name(path.name + ".sha256"))
+        return None
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)

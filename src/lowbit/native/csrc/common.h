@@ -1,0 +1,66 @@
+/* Shared by lowbit's native quantizers: rounding modes and a parallel loop.
+ *
+ * Every kernel evaluates the same IEEE float operations as the eager torch path, in the same order, so the
+ * results are bit-identical (built without fast-math and without FMA contraction; see build.py). */
+#ifndef LOWBIT_COMMON_H
+#define LOWBIT_COMMON_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Rounding modes, numbered as lowbit.native.kernels.ROUNDING_CODES. */
+enum {
+    LB_NEAREST_EVEN, LB_NEAREST_AWAY, LB_NEAREST_TOWARD_ZERO, LB_NEAREST_UP, LB_NEAREST_DOWN,
+    LB_TOWARD_ZERO, LB_AWAY_FROM_ZERO, LB_UP, LB_DOWN
+};
+
+static inline float lb_sign(float v) { return v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : v); } /* torch.sign */
+
+/* rounding.round_to_integer for one float32 value (the mode is a constant in each unswitched loop). */
+static inline float lb_round(float v, int mode) {
+    float nearest, step;
+    switch (mode) {
+    case LB_NEAREST_EVEN: return rintf(v);
+    case LB_TOWARD_ZERO: return truncf(v);
+    case LB_UP: return ceilf(v);
+    case LB_DOWN: return floorf(v);
+    case LB_AWAY_FROM_ZERO: return v >= 0.0f ? ceilf(v) : floorf(v);
+    default: break;
+    }
+    nearest = rintf(v);
+    switch (mode) {
+    case LB_NEAREST_UP: step = 1.0f; break;
+    case LB_NEAREST_DOWN: step = -1.0f; break;
+    case LB_NEAREST_AWAY: step = lb_sign(v); break;
+    default: step = -lb_sign(v); break; /* LB_NEAREST_TOWARD_ZERO */
+    }
+    return copysignf(fabsf(v - nearest) == 0.5f ? v + 0.5f * step : nearest, v);
+}
+
+/* One copy of LOOP(MODE) per rounding mode, chosen once: each copy vectorises with its mode a constant. */
+#define LB_FOR_EACH_MODE(mode, LOOP) \
+    switch (mode) { \
+    case LB_NEAREST_EVEN: LOOP(LB_NEAREST_EVEN); break; \
+    case LB_NEAREST_AWAY: LOOP(LB_NEAREST_AWAY); break; \
+    case LB_NEAREST_TOWARD_ZERO: LOOP(LB_NEAREST_TOWARD_ZERO); break; \
+    case LB_NEAREST_UP: LOOP(LB_NEAREST_UP); break; \
+    case LB_NEAREST_DOWN: LOOP(LB_NEAREST_DOWN); break; \
+    case LB_TOWARD_ZERO: LOOP(LB_TOWARD_ZERO); break; \
+    case LB_AWAY_FROM_ZERO: LOOP(LB_AWAY_FROM_ZERO); break; \
+    case LB_UP: LOOP(LB_UP); break; \
+    default: LOOP(LB_DOWN); break; \
+    }
+
+static inline uint32_t lb_bits(float v) { uint32_t b; memcpy(&b, &v, 4); return b; }
+static inline float lb_float(uint32_t b) { float v; memcpy(&v, &b, 4); return v; }
+
+/* torch.clamp(v, -limit, limit): NaN stays NaN. */
+static inline float lb_clamp(float v, float limit) { return v > limit ? limit : (v < -limit ? -limit : v); }
+
+/* fn(context, begin, end) over [0, n) in chunks that are multiples of grain, on up to `threads` threads
+ * (the caller's thread included); small jobs run on the caller's thread alone. */
+typedef void (*lb_range_fn)(const void *context, int64_t begin, int64_t end);
+void lb_parallel(int64_t n, int64_t grain, int threads, lb_range_fn fn, const void *context);
+
+#endif

@@ -1,0 +1,37 @@
+/* Rounding onto a binary floating-point grid (formats/_float_grid.py: round_to_float_grid on its bit path).
+ *
+ * step = the exponent field of x lowered by M binades, clamped below at the smallest step (a normal float32,
+ * which the caller checks); the value is round(x / step) * step, clamped to +-max. +-inf get a huge finite
+ * step and saturate; NaN stays NaN. */
+#include "common.h"
+
+typedef struct {
+    const float *x;
+    float *out;
+    int32_t mantissa_shift, smallest_field;
+    float max_value;
+    int saturate, mode;
+} float_grid_job;
+
+static inline float grid_value(float v, const float_grid_job *job, int mode) {
+    int32_t field = (int32_t)(lb_bits(v) & 0x7f800000u) - job->mantissa_shift;
+    float step = lb_float((uint32_t)(field < job->smallest_field ? job->smallest_field : field));
+    float rounded = lb_round(v / step, mode) * step;
+    return job->saturate ? lb_clamp(rounded, job->max_value) : rounded;
+}
+
+#define GRID_LOOP(MODE) for (int64_t i = begin; i < end; i++) job->out[i] = grid_value(job->x[i], job, MODE)
+
+static void float_grid_range(const void *context, int64_t begin, int64_t end) {
+    const float_grid_job *job = context;
+    LB_FOR_EACH_MODE(job->mode, GRID_LOOP)
+}
+
+/* x, out: n contiguous float32; 1 <= mantissa_bits; min_exponent - mantissa_bits >= -126 (checked by the
+ * caller). */
+void lb_float_grid_f32(const float *x, float *out, int64_t n, int mantissa_bits, int min_exponent,
+                       float max_value, int saturate, int mode, int threads) {
+    float_grid_job job = {x, out, mantissa_bits << 23, (min_exponent - mantissa_bits + 127) << 23,
+                          max_value, saturate, mode};
+    lb_parallel(n, 16, threads, float_grid_range, &job);
+}

@@ -1,0 +1,56 @@
+"""Typed entry points into the native library: each takes float32 contiguous CPU tensors, returns a float32
+result, or None where the kernel does not apply (library not loaded, parameters outside its exact range),
+so the caller falls back to the eager path."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from lowbit.native import build
+
+ROUNDING_CODES = {
+    "nearest_even": 0, "nearest_away": 1, "nearest_toward_zero": 2, "nearest_up": 3, "nearest_down": 4,
+    "toward_zero": 5, "away_from_zero": 6, "up": 7, "down": 8,
+}  # fmt: skip
+_FLOAT32_MIN_NORMAL_EXPONENT = -126
+
+_i64, _int, _float, _pointer = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+# name -> argument types after the leading (x, out, n) of every kernel
+SIGNATURES: dict[str, list] = {
+    "lb_float_grid_f32": [_int, _int, _float, _int, _int, _int],
+}
+_bound: dict[str, object] = {}
+
+
+def function(name: str):
+    """The bound C function ``name`` of the loaded library, or None when no library is loaded."""
+    library = build.library()
+    if library is None:
+        return None
+    bound = _bound.get(name)
+    if bound is None or bound[0] is not library:
+        entry = getattr(library, name)
+        entry.argtypes = [_pointer, _pointer, _i64, *SIGNATURES[name]]
+        entry.restype = None
+        bound = _bound[name] = (library, entry)
+    return bound[1]
+
+
+def threads() -> int:
+    return max(1, torch.get_num_threads())
+
+
+def float_grid(x: torch.Tensor, mantissa_bits: int, min_exponent: int, max_value: float, rounding: str,
+               saturate: bool = True) -> torch.Tensor | None:  # fmt: skip
+    """round_to_float_grid on its bit path (the smallest step a normal float32), deterministic modes."""
+    entry = function("lb_float_grid_f32")
+    if entry is None or rounding not in ROUNDING_CODES or mantissa_bits < 1:
+        return None
+    if min_exponent - mantissa_bits < _FLOAT32_MIN_NORMAL_EXPONENT or not max_value <= torch.finfo(torch.float32).max:
+        return None
+    out = torch.empty_like(x)
+    entry(x.data_ptr(), out.data_ptr(), x.numel(), mantissa_bits, min_exponent, max_value, int(saturate),
+          ROUNDING_CODES[rounding], threads())  # fmt: skip
+    return out

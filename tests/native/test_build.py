@@ -1,0 +1,104 @@
+"""Building, caching and loading the native library (lowbit.native.build)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import lowbit
+from lowbit import backend
+from lowbit.native import build
+
+needs_compiler = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+    build.reset()
+    yield tmp_path
+    build.reset()
+
+
+@needs_compiler
+def test_a_build_leaves_a_sealed_library_and_a_second_process_loads_it(fresh_cache):
+    assert build.ensure() is not None and build.error() is None
+    libraries = sorted(fresh_cache.glob("native-*.so"))
+    assert len(libraries) == 1 and libraries[0].with_name(libraries[0].name + ".sha256").exists()
+    assert not list(fresh_cache.glob(".native-*"))  # no temporary left behind
+    stamp = libraries[0].stat().st_mtime_ns
+    build.reset()
+    assert build.ensure() is not None
+    assert libraries[0].stat().st_mtime_ns == stamp  # loaded from the cache, not rebuilt
+
+
+@needs_compiler
+def test_a_library_that_fails_its_checksum_is_rebuilt_not_loaded(fresh_cache):
+    build.ensure()
+    (library,) = fresh_cache.glob("native-*.so")
+    library.write_bytes(b"not a shared library")
+    build.reset()
+    assert build.ensure() is not None  # rebuilt: loading the bytes above would raise OSError
+    assert library.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_no_compiler_means_no_library_and_a_reason(fresh_cache, monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert build.ensure() is None
+    assert "no C compiler" in build.error()
+
+
+def test_a_failing_compiler_is_reported_and_the_eager_path_answers(fresh_cache, monkeypatch, tmp_path):
+    fake = tmp_path / "fakecc"
+    fake.write_text("#!/bin/sh\necho 'fakecc: broken' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    assert build.ensure() is None and "broken" in build.error()
+    backend.set_backend("native")
+    try:
+        x = torch.randn(64)
+        with pytest.warns(RuntimeWarning, match="native kernels are unavailable"):
+            backend._state.pop("native_warned", None)
+            result = lowbit.quantize(x, "e4m3")
+        backend.set_backend("eager")
+        assert torch.equal(result, lowbit.quantize(x, "e4m3"))
+    finally:
+        backend.set_backend("eager")
+
+
+def test_lowbit_native_off_builds_nothing(fresh_cache, monkeypatch):
+    monkeypatch.setenv("LOWBIT_NATIVE", "0")
+    assert build.ensure() is None and build.error() is None
+    build.start_background_build()
+    assert build._state["thread"] is None and not list(fresh_cache.iterdir())
+
+
+@needs_compiler
+def test_auto_builds_in_the_background_and_answers_eagerly_meanwhile(tmp_path):
+    script = f"""
+import os, time, torch
+os.environ["LOWBIT_CACHE_DIR"] = {str(tmp_path)!r}
+import lowbit
+from lowbit.native import build
+assert build.library() is None                      # nothing built at import
+x = torch.randn(256, 256)
+first = lowbit.quantize(x, "e4m3")                  # answers at once, starts the build
+assert build._state["thread"] is not None
+build._state["thread"].join(60)
+assert build.library() is not None, build.error()
+assert torch.equal(lowbit.quantize(x, "e4m3"), first)
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "HOME": str(tmp_path), "LOWBIT_BACKEND": "auto"})  # fmt: skip
+    assert result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+def test_import_starts_no_build():
+    result = subprocess.run([sys.executable, "-c", "import lowbit, threading; print(threading.active_count())"],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.stdout.strip() == "1", result.stderr[-2000:]
