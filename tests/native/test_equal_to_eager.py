@@ -19,9 +19,11 @@ from lowbit.native import build
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
 
 # Cases whose parameters have a native kernel: a kernel that stops applying to one of them fails here.
-NATIVE_CASES = {
-    "minifloat-ieee-e4m3", "minifloat-denorm-e4m3",
-}  # fmt: skip
+FLOAT_GRID_CASES = {"minifloat-ieee-e4m3", "minifloat-denorm-e4m3"}
+INTEGER_CASES: set[str] = set()  # integer / fixed / affine / presets
+SIGN_AND_LOG_CASES: set[str] = set()  # log / binary / ternary
+BLOCK_CASES: set[str] = set()  # OCP elements, block_fp / block_minifloat / block_log / MX
+NATIVE_CASES = FLOAT_GRID_CASES | INTEGER_CASES | SIGN_AND_LOG_CASES | BLOCK_CASES
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -16,23 +16,20 @@ ROUNDING_CODES = {
 }  # fmt: skip
 _FLOAT32_MIN_NORMAL_EXPONENT = -126
 
-_i64, _int, _float, _pointer = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
-# name -> argument types after the leading (x, out, n) of every kernel
-SIGNATURES: dict[str, list] = {
-    "lb_float_grid_f32": [_int, _int, _float, _int, _int, _int],
-}
-_bound: dict[str, object] = {}
+I64, INT, FLOAT, POINTER = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+_bound: dict[str, tuple] = {}
 
 
-def function(name: str):
-    """The bound C function ``name`` of the loaded library, or None when no library is loaded."""
+def function(name: str, argument_types: list):
+    """The C function ``name`` of the loaded library with these argument types (ctypes), or None when no
+    library is loaded. Bound once per library."""
     library = build.library()
     if library is None:
         return None
     bound = _bound.get(name)
     if bound is None or bound[0] is not library:
         entry = getattr(library, name)
-        entry.argtypes = [_pointer, _pointer, _i64, *SIGNATURES[name]]
+        entry.argtypes = argument_types
         entry.restype = None
         bound = _bound[name] = (library, entry)
     return bound[1]
@@ -45,7 +42,7 @@ def threads() -> int:
 def float_grid(x: torch.Tensor, mantissa_bits: int, min_exponent: int, max_value: float, rounding: str,
                saturate: bool = True) -> torch.Tensor | None:  # fmt: skip
     """round_to_float_grid on its bit path (the smallest step a normal float32), deterministic modes."""
-    entry = function("lb_float_grid_f32")
+    entry = function("lb_float_grid_f32", [POINTER, POINTER, I64, INT, INT, FLOAT, INT, INT, INT])
     if entry is None or rounding not in ROUNDING_CODES or mantissa_bits < 1:
         return None
     if min_exponent - mantissa_bits < _FLOAT32_MIN_NORMAL_EXPONENT or not max_value <= torch.finfo(torch.float32).max:

@@ -58,6 +58,15 @@ static inline float lb_float(uint32_t b) { float v; memcpy(&v, &b, 4); return v;
 /* torch.clamp(v, -limit, limit): NaN stays NaN. */
 static inline float lb_clamp(float v, float limit) { return v > limit ? limit : (v < -limit ? -limit : v); }
 
+/* round(v / step) * step on a binary float grid (formats/_float_grid.py's bit path): step is v's exponent
+ * field lowered by M binades (mantissa_shift = M << 23), clamped below at smallest_field = the biased
+ * exponent of the smallest step << 23 (a normal float32). No clamp to the grid's max: callers add it. */
+static inline float lb_grid_round(float v, int32_t mantissa_shift, int32_t smallest_field, int mode) {
+    int32_t field = (int32_t)(lb_bits(v) & 0x7f800000u) - mantissa_shift;
+    float step = lb_float((uint32_t)(field < smallest_field ? smallest_field : field));
+    return lb_round(v / step, mode) * step;
+}
+
 /* fn(context, begin, end) over [0, n) in chunks that are multiples of grain, on up to `threads` threads
  * (the caller's thread included); small jobs run on the caller's thread alone. */
 typedef void (*lb_range_fn)(const void *context, int64_t begin, int64_t end);

@@ -14,9 +14,7 @@ typedef struct {
 } float_grid_job;
 
 static inline float grid_value(float v, const float_grid_job *job, int mode) {
-    int32_t field = (int32_t)(lb_bits(v) & 0x7f800000u) - job->mantissa_shift;
-    float step = lb_float((uint32_t)(field < job->smallest_field ? job->smallest_field : field));
-    float rounded = lb_round(v / step, mode) * step;
+    float rounded = lb_grid_round(v, job->mantissa_shift, job->smallest_field, mode);
     return job->saturate ? lb_clamp(rounded, job->max_value) : rounded;
 }
 
