@@ -1,21 +1,23 @@
-"""Format emulation speed: every format's quantize as a multiple of x.clone(), eager / auto / compiled vs peers.
+"""Format emulation speed: every format's quantize as a multiple of x.clone(): eager / native / auto / compiled
+vs peers.
 
-Method: for each format and tensor, the methods (clone, lowbit eager, lowbit auto in steady state, lowbit
+Method: for each format and tensor, the methods (clone, lowbit eager, lowbit native, lowbit auto, lowbit
 compiled, each peer that has the format) run in one process, round-robin for ROUNDS rounds with a rotating
 start; each round times enough calls of every method to last about TARGET seconds; the ratio to clone is
-taken within the round; the table reports the median ratio and the min-max over rounds. "auto" is the
-default backend once its background kernel is ready (the compiled column's kernel, marked ready with
-``backend.build``; below ``AUTO_MIN_ELEMENTS`` it stays eager). Compiled and eager outputs are checked to
-be bit-identical before timing.
+taken within the round; the table reports the median ratio and the min-max over rounds. "native" is the C
+kernel (``lowbit.native``; "-" where the format has none for these parameters), "auto" the default backend in
+steady state (the native library loaded; no torch.compile kernel warmed up, so formats without a native
+kernel run eagerly), "compiled" torch.compile's kernel. Native and compiled outputs are checked bit for bit
+against eager before timing (``--no-compile``: no compiled column).
 
 First calls (``--first-call``): each format in a fresh process (subprocess) on the first shape, default
-backend, timing ``lowbit.quantize``'s first call and the median and max of the next five (the second call
-queues the background compile, so these run beside it); "cold" with an empty
-Inductor cache directory, "warm" in a second fresh process on the same directory. The report starts with the
-command and the machine line of ``machine.py``.
+backend, with empty lowbit and Inductor cache directories ("cold") and then a second fresh process on the same
+directories ("warm"): the first ``lowbit.quantize`` call (it starts the native build on a background thread
+and answers eagerly), the time until the native library is loaded, and the median and max of the next five
+calls after it. The report starts with the command and the machine line of ``machine.py``.
 
 Usage: python benchmarks/formats.py [--shapes 384x384 2112x384] [--dtypes float32 bfloat16] [--rounds 5]
-                                    [--only NAME ...] [--first-call] [--out FILE]
+                                    [--only NAME ...] [--first-call] [--no-compile] [--out FILE]
 """
 
 from __future__ import annotations
@@ -105,30 +107,25 @@ def time_round_robin(methods: dict[str, Callable[[], object]], rounds: int) -> d
     return result
 
 
-def compiled_then_ready(spec: lowbit.FormatSpec, x: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """The auto backend in steady state: the compiled kernel for x's signature marked ready."""
-    backend.set_backend("compiled")
-    spec.quantize(x)  # compiles (or reuses) the kernel of this key
-    backend.build(backend.kernel_signature(spec, tuple(x.shape), x.dtype))
-    return on_backend("auto", spec, x)
+def same_bits(want: torch.Tensor, got: torch.Tensor) -> bool:
+    return torch.equal(want.isnan(), got.isnan()) and torch.equal(want.nan_to_num(), got.nan_to_num())
 
 
-def bench_row(name: str, params: dict, x: torch.Tensor, rounds: int, eager_only: bool = False) -> dict:
+def bench_row(name: str, params: dict, x: torch.Tensor, rounds: int, no_compile: bool = False) -> dict:
     spec = lowbit.get_format(name)(**params)
-    eager, compiled = on_backend("eager", spec, x), on_backend("compiled", spec, x)
-    if eager_only:  # no compile: the auto and compiled columns repeat eager (the default backend's path)
-        compiled = auto = eager
-        identical = None  # nothing to compare against
-    else:
-        want, got = eager(), compiled()
-        auto = compiled_then_ready(spec, x)
-        identical = all(torch.equal(want.isnan(), y.isnan()) and torch.equal(want.nan_to_num(), y.nan_to_num())
-                        for y in (got, auto()))  # fmt: skip
-    methods = {"clone": x.clone, "eager": eager, "auto": auto, "compiled": compiled, **peers_for(name, params, x)}
-    if eager_only:
-        del methods["auto"], methods["compiled"]
+    methods = {"clone": x.clone, "eager": on_backend("eager", spec, x)}
+    want, checked = methods["eager"](), []
+    if lowbit.native.ensure() is not None and spec._native(x.float().contiguous(), x.dtype) is not None:
+        methods["native"] = on_backend("native", spec, x)
+        checked.append(methods["native"]())
+    methods["auto"] = on_backend("auto", spec, x)  # native where it applies, else eager (nothing warmed up)
+    if not no_compile:
+        methods["compiled"] = on_backend("compiled", spec, x)
+        checked.append(methods["compiled"]())
+    identical = all(same_bits(want, got) for got in checked) if checked else None
+    methods.update(peers_for(name, params, x))
     timing = time_round_robin(methods, rounds)
-    peer_names = [m for m in methods if m not in ("clone", "eager", "auto", "compiled")]
+    peer_names = [m for m in methods if m not in ("clone", "eager", "native", "auto", "compiled")]
     best_peer = min(peer_names, key=lambda m: timing[m][0]) if peer_names else None
     return {"format": spec.describe(), "timing": timing, "best_peer": best_peer, "identical": identical}
 
@@ -144,15 +141,15 @@ def format_row(row: dict, kind: str) -> str:
 
     peer = row["best_peer"]
     peer_cell = f"{peer}: {cell(peer)}" if peer else "-"
-    return (f"| {row['format']} | {kind} | {cell('eager')} | {cell('auto')} | {cell('compiled')} "
+    return (f"| {row['format']} | {kind} | {cell('eager')} | {cell('native')} | {cell('auto')} | {cell('compiled')} "
             f"| {timing['clone'][3] * 1e3:.3f} | {peer_cell} | {_IDENTICAL[row['identical']]} |")
 
 
 _IDENTICAL = {True: "yes", False: "NO", None: "-"}
 
 
-HEADER = ("| format | kind | eager x clone | auto x clone | compiled x clone | clone ms | fastest peer x clone "
-          "| bit-identical |\n|---|---|---:|---:|---:|---:|---|---|")
+HEADER = ("| format | kind | eager x clone | native x clone | auto x clone | compiled x clone | clone ms "
+          "| fastest peer x clone | bit-identical |\n|---|---|---:|---:|---:|---:|---:|---|---|")
 
 _FIRST_CALL_CODE = """
 import json, statistics, sys, time, torch
@@ -162,16 +159,21 @@ imported = time.perf_counter() - start
 name, params, rows, cols = json.loads(sys.argv[1])
 x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0))
 start = time.perf_counter(); lowbit.quantize(x, name, **params); first = time.perf_counter() - start
+thread = lowbit.native.build._state["thread"]
+if thread is not None:
+    thread.join()
+loaded = time.perf_counter() - start
 steady = []
 for _ in range(5):
     start = time.perf_counter(); lowbit.quantize(x, name, **params); steady.append(time.perf_counter() - start)
-print(json.dumps([imported, first, statistics.median(steady), max(steady)]))
+print(json.dumps([imported, first, statistics.median(steady), max(steady), loaded]))
 """
 
 
 def first_call_row(name: str, params: dict, shape: tuple[int, int], cache_dir: str) -> list[list[float]]:
-    """Per fresh process (cold cache, then warm): [import s, first call s, median of the next 5 s, their max s]."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir}
+    """Per fresh process (cold caches, then warm): [import s, first call s, median of the 5 calls after the
+    native library loaded s, their max s, first call until loaded s]."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir, "LOWBIT_CACHE_DIR": os.path.join(cache_dir, "lowbit")}
     env.pop("LOWBIT_BACKEND", None)  # the default backend
     out = []
     for _ in ("cold", "warm"):
@@ -181,9 +183,10 @@ def first_call_row(name: str, params: dict, shape: tuple[int, int], cache_dir: s
     return out
 
 
-FIRST_HEADER = ("| format | import lowbit s | cold: first call ms | cold: next 5 median / max ms | cold: first - median ms "
-                "| warm: first call ms | warm: next 5 median / max ms | warm: first - median ms |\n"
-                "|---|---:|---:|---:|---:|---:|---:|---:|")
+FIRST_HEADER = ("| format | import lowbit s | cold: first call ms | cold: native loaded after ms "
+                "| cold: next 5 median / max ms | cold: first - median ms | warm: first call ms "
+                "| warm: native loaded after ms | warm: next 5 median / max ms | warm: first - median ms |\n"
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def first_call_lines(formats, shape: tuple[int, int]) -> list[str]:
@@ -191,8 +194,8 @@ def first_call_lines(formats, shape: tuple[int, int]) -> list[str]:
     for name, params, _ in formats:
         cache_dir = tempfile.mkdtemp(prefix="lowbit-bench-first-")
         cold, warm = first_call_row(name, params, shape, cache_dir)
-        cells = [f"{run[1] * 1e3:.1f} | {run[2] * 1e3:.2f} / {run[3] * 1e3:.1f} | {(run[1] - run[2]) * 1e3:.1f}"
-                 for run in (cold, warm)]  # fmt: skip
+        cells = [f"{run[1] * 1e3:.1f} | {run[4] * 1e3:.0f} | {run[2] * 1e3:.2f} / {run[3] * 1e3:.1f} "
+                 f"| {(run[1] - run[2]) * 1e3:.1f}" for run in (cold, warm)]  # fmt: skip
         lines.append(f"| {lowbit.get_format(name)(**params).describe()} | {cold[0]:.2f} | {cells[0]} | {cells[1]} |")
         print(lines[-1], flush=True)
     return lines
@@ -206,8 +209,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="format names to run (default: all)")
     parser.add_argument("--first-call", action="store_true", help="also time first calls in fresh processes")
     parser.add_argument("--no-steady", action="store_true", help="only the first-call table")
-    parser.add_argument("--eager-only", action="store_true",
-                        help="time eager only (no compiles; the auto / compiled columns show '-')")
+    parser.add_argument("--no-compile", "--eager-only", dest="no_compile", action="store_true",
+                        help="no torch.compile (the compiled column shows '-')")
     parser.add_argument("--out", default=None, help="also write the markdown report to this file")
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in shape.lower().split("x")) for shape in args.shapes]
@@ -218,14 +221,14 @@ def main() -> None:
              f"{args.rounds} rounds, median ratio (min-max over rounds)"]
     if args.first_call:
         lines += first_call_lines(formats, shapes[min(2, len(shapes) - 1)] if len(shapes) > 2 else shapes[0])
-    if not args.no_steady and not args.eager_only:
+    if not args.no_steady and not args.no_compile:
         torch.compile(lambda t: t * 2 + 1)(torch.ones(8))  # the process's first compile, not charged to a format
     for dtype_name in [] if args.no_steady else args.dtypes:
         for rows, cols in shapes:
             x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)).to(getattr(torch, dtype_name))
             lines += ["", f"### {rows}x{cols} {dtype_name}", "", HEADER]
             for name, params, kind in formats:
-                lines.append(format_row(bench_row(name, params, x, args.rounds, args.eager_only), kind))
+                lines.append(format_row(bench_row(name, params, x, args.rounds, args.no_compile), kind))
                 print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     print(text)

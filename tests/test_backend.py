@@ -30,7 +30,8 @@ def case_input(seed: int) -> torch.Tensor:
 
 
 @pytest.fixture(autouse=True)
-def fresh_backend():
+def fresh_backend(monkeypatch):
+    monkeypatch.setenv("LOWBIT_NATIVE", "0")  # this file is about torch.compile kernels (tests/native: native)
     backend.clear_cache()
     yield
     backend.set_background_compile(None)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from lowbit import backend
+from lowbit import backend, native
 from lowbit.formats._base import FormatSpec
 from lowbit.formats._registry import resolve
 
@@ -45,11 +45,13 @@ def warmup(
     inference: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> int:
-    """Compile, now, the kernels the ``auto`` and ``compiled`` backends would use for these formats on
-    tensors of these shapes and dtypes, so that no later call waits and ``auto`` takes the fused kernel from
-    the first call on. Prints one progress line per kernel to stderr (or calls ``progress`` with it).
-    Returns how many kernels are ready. Nothing to do (0) under the eager backend or for stochastic
-    rounding, which always runs eagerly; set ``inference=True`` for calls made under ``torch.inference_mode``.
+    """Build, now, the kernels the ``auto``, ``native`` and ``compiled`` backends would use for these formats
+    on tensors of these shapes and dtypes, so that no later call waits and the fast path runs from the first
+    call on: the native library (about a second, once per machine), then, under ``auto`` / ``compiled``, a
+    torch.compile kernel for each (format, shape, dtype) that has no native kernel. Prints one progress line
+    per step to stderr (or calls ``progress`` with it). Returns how many kernels are ready. Nothing to do (0)
+    under the eager backend or for stochastic rounding, which always runs eagerly; set ``inference=True``
+    for calls made under ``torch.inference_mode``.
 
     >>> lowbit.warmup(["e4m3", "mxfp4_e2m1"], [(2112, 384)])  # doctest: +SKIP
     """
@@ -59,10 +61,17 @@ def warmup(
     if backend.get_backend() == "eager":
         report("lowbit warmup: the eager backend compiles nothing")
         return 0
+    library = _native_library(report) if backend.get_backend() in ("auto", "native") else None
     ready = 0
     for index, (spec, shape, dtype) in enumerate(jobs, 1):
         if spec.is_stochastic or math.prod(shape) == 0:
             continue
+        if library is not None and str(device) == "cpu" and _has_native(spec, shape, dtype):
+            report(f"lowbit warmup [{index}/{len(jobs)}] {spec.describe()} {list(shape)}: native kernel")
+            ready += 1
+            continue
+        if backend.get_backend() == "native":
+            continue  # eager wherever no native kernel applies
         start = time.perf_counter()
         report(f"lowbit warmup [{index}/{len(jobs)}] compiling {spec.describe()} {str(dtype).removeprefix('torch.')} "
                f"{list(shape)} ...")  # fmt: skip
@@ -72,3 +81,25 @@ def warmup(
         ready += 1
         report(f"lowbit warmup [{index}/{len(jobs)}] ready in {time.perf_counter() - start:.1f} s")
     return ready
+
+
+def _native_library(report: Callable[[str], None]):
+    """Build or load the native library now, with a progress line (None, said once, if it cannot be;
+    None, silently, under LOWBIT_NATIVE=0)."""
+    if native.disabled():
+        return None
+    if native.library() is None:
+        start = time.perf_counter()
+        report("lowbit warmup: building the native kernels (once per machine) ...")
+        if native.ensure() is None:
+            report(f"lowbit warmup: no native kernels ({native.error()})")
+            return None
+        report(f"lowbit warmup: native kernels ready in {time.perf_counter() - start:.1f} s")
+    return native.library()
+
+
+def _has_native(spec: FormatSpec, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
+    """Whether ``auto`` / ``native`` would run this format natively on such a tensor (tried on zeros)."""
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return False
+    return spec._native(torch.zeros(shape), dtype) is not None

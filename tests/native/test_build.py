@@ -102,3 +102,24 @@ def test_import_starts_no_build():
     result = subprocess.run([sys.executable, "-c", "import lowbit, threading; print(threading.active_count())"],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.stdout.strip() == "1", result.stderr[-2000:]
+
+
+@needs_compiler
+def test_warmup_builds_the_library_and_compiles_nothing_a_native_kernel_covers(fresh_cache, monkeypatch):
+    def no_compile(*args, **kwargs):
+        raise AssertionError("torch.compile called for a format with a native kernel")
+
+    monkeypatch.setattr(torch, "compile", no_compile)
+    spec = lowbit.get_format("minifloat_ieee")(width=8, exponent_width=4)
+    lines = []
+    backend.set_backend("auto")
+    try:
+        assert lowbit.warmup([spec], [(64, 300)], dtypes=(torch.float32, torch.bfloat16), progress=lines.append) == 2
+        assert build.library() is not None
+        x = torch.randn(64, 300)
+        assert torch.equal(lowbit.quantize(x, spec), spec._native(x, torch.float32))
+    finally:
+        backend.set_backend("eager")
+    assert lines[0] == "lowbit warmup: building the native kernels (once per machine) ..."
+    assert lines[1].startswith("lowbit warmup: native kernels ready in")
+    assert lines[2] == "lowbit warmup [1/2] minifloat_ieee(width=8, exponent_width=4, exponent_bias=7) [64, 300]: native kernel"

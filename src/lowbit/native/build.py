@@ -56,8 +56,9 @@ def compiler() -> str | None:
 
 
 def library() -> ctypes.CDLL | None:
-    """The loaded library, or None while it is not (yet) available. Never blocks and never builds."""
-    return _state["library"]
+    """The loaded library, or None while it is not (yet) available or LOWBIT_NATIVE=0. Never blocks and
+    never builds."""
+    return None if disabled() else _state["library"]
 
 
 def error() -> str | None:
