@@ -3,8 +3,8 @@
 The step: Linear 384 -> 1536, GELU, Linear 1536 -> 384 on 2112 rows (a MiniLM feed-forward block at batch
 32), MSE loss, backward, SGD. lowbit quantizes data_in, weight, bias and data_out of both Linear layers and
 data_in / data_out of the GELU with one format. Columns: lowbit eager (``set_backend("eager")``) and
-lowbit auto in steady state (the default backend after its background kernels are ready: the step runs
-until ``backend.wait_for_background`` returns, then a few more). Peers, where installed: torchao's QAT fake
+lowbit auto, the default backend in steady state (the native library loaded: every quantizer with a native
+kernel runs it, the rest eagerly). Peers, where installed: torchao's QAT fake
 quantizers (``FakeQuantizedLinear`` with ``IntxFakeQuantizeConfig`` int8 per-token activations and
 int8 / int4 per-channel or per-group weights, or ``Float8FakeQuantizeConfig``: activations and weights only,
 as torchao's QAT does) and qtorch's ``quantizer`` (activations, weights and outputs of both Linear layers
@@ -136,9 +136,7 @@ def row(name: str, params: dict, x: torch.Tensor, target: torch.Tensor, rounds: 
     methods = {"fp32": step_function(float_block(), x, target)}
     eager = on_backend("eager", step_function(lowbit_block(spec), x, target))
     auto = on_backend("auto", step_function(lowbit_block(spec), x, target))
-    for _ in range(backend.HOT_CALLS + 1):
-        auto()
-    backend.wait_for_background()  # the default backend's kernels for these shapes are ready
+    lowbit.native.ensure()  # the default backend's steady state: the native library is loaded
     methods.update({"eager": eager, "auto": auto})
     for label, block in (("torchao QAT", torchao_block(name)), ("qtorch", qtorch_block(name))):
         if block is not None:
