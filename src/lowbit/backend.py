@@ -135,20 +135,29 @@ def run(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) ->
 def _native_result(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor | None:
     """The native kernel's result, or None where none runs (other backend, dtype or layout; no kernel for
     these parameters; library not loaded yet: ``auto`` starts its build and answers eagerly meanwhile)."""
-    name = get_backend()
-    if name not in ("auto", "native") or x.dtype not in _NATIVE_DTYPES or not x.is_contiguous():
+    if x.dtype not in _NATIVE_DTYPES or not x.is_contiguous() or not native_ready():
         return None
-    if native.library() is None:
-        if name == "auto":
-            native.start_background_build()
-            return None
-        if native.ensure() is None:
-            _native_unavailable()
-            return None
     result = spec._native(x if x.dtype == torch.float32 else x.float(), x.dtype)
     if result is None or x.dtype == torch.float32:
         return result
     return saturating_cast(result, x.dtype)
+
+
+def native_ready() -> bool:
+    """Whether native kernels may run now: backend "auto" or "native" and the library loaded ("auto" starts
+    its background build and says False meanwhile; "native" builds it now, warning once if it cannot)."""
+    name = get_backend()
+    if name not in ("auto", "native"):
+        return False
+    if native.library() is not None:
+        return True
+    if name == "auto":
+        native.start_background_build()
+        return False
+    if native.ensure() is None:
+        _native_unavailable()
+        return False
+    return True
 
 
 def _native_unavailable() -> None:

@@ -9,6 +9,7 @@ import torch
 
 from lowbit import backend
 from lowbit.errors import ConfigError
+from lowbit.native import token as native_token
 from lowbit.ops import kernels, routes
 from lowbit.ops.integer import accumulate_int_mm, accumulate_reference
 from lowbit.ops.modules import _Int8WeightLinear, register
@@ -111,8 +112,11 @@ class Int8DynamicLinear(_Int8WeightLinear):
             # round(fma(x, 1 / s, zero point)); fed the row's codes times s it recovers exactly those codes.
             snapped = torch.round(rows * inverse).mul_(scale)
             return kernels.fbgemm_linear(snapped, scale.item(), zero_point, self._packed_with_bias())
-        fused = self._fused(rows)
-        if fused:
+        token = self._native_token(rows, float_codes=True)
+        fused = token is None and self._fused(rows, "fbgemm")
+        if token is not None:
+            codes, scale, offset = token
+        elif fused:
             key = ("token_float_quantize", self.act_symmetric, self.q_max, self.in_features)
             codes, scale, offset = backend.run_fused(key, kernels.token_float_quantize, rows, self.act_symmetric, self.q_max)
         else:
@@ -121,16 +125,31 @@ class Int8DynamicLinear(_Int8WeightLinear):
         sums = kernels.fbgemm_linear(codes, 1.0, zero_point, self._packed_unit())
         return self._rescale_sums(sums, scale, offset, fused)
 
-    def _fused(self, rows: torch.Tensor) -> bool:
-        """Whether the quantize and rescale steps run as compiled kernels (backend not eager, enough rows)."""
-        return rows.shape[0] >= routes.FUSED_MIN_ROWS and backend.compiling_allowed(rows.numel(), auto_min_elements=0)
+    def _native_token(self, rows: torch.Tensor, float_codes: bool):
+        """(codes, scale, offset) by the native kernel (same values as the eager and compiled steps), or None
+        where it does not run (backend, library not loaded yet, dtype, device)."""
+        if not backend.native_ready():
+            return None
+        return native_token.quantize(rows, self.act_symmetric, self.q_max, float_codes)
+
+    def _fused(self, rows: torch.Tensor, path: str) -> bool:
+        """Whether the quantize and rescale steps run as torch.compile kernels: only under the "compiled"
+        backend (``auto`` never waits on a compiler: native kernels once loaded, else eager steps), on the
+        "compiled" path, or from FUSED_MIN_ROWS rows on the fbgemm and oneDNN paths."""
+        if backend.get_backend() != "compiled" or not backend.compiling_allowed(rows.numel(), auto_min_elements=0):
+            return False
+        return path == "compiled" or (path in ("fbgemm", "onednn") and rows.shape[0] >= routes.FUSED_MIN_ROWS)
 
     def _sums_path(self, rows: torch.Tensor, path: str) -> torch.Tensor:
-        """Row codes, exact int32 sums by ``path``, rescaling. "compiled" runs the first and last steps as
-        compiled kernels (one per (K, symmetric) and (N, symmetric, bias)), bit-identical to eager."""
+        """Row codes, exact int32 sums by ``path``, rescaling. The first and last steps run as native kernels
+        when loaded; under the "compiled" backend the "compiled" path runs them as torch.compile kernels (one
+        per (K, symmetric) and (N, symmetric, bias)); else eagerly. All bit-identical."""
         symmetric = self.act_symmetric
-        fused = path == "compiled" or (path == "onednn" and self._fused(rows))
-        if fused:
+        token = self._native_token(rows, float_codes=False)
+        fused = token is None and self._fused(rows, path)
+        if token is not None:
+            codes, scale, offset = token
+        elif fused:
             quantize_key = ("token_quantize", symmetric, self.q_max, self.in_features)
             codes, scale, offset = backend.run_fused(quantize_key, kernels.token_quantize, rows, symmetric, self.q_max)
         else:
@@ -142,6 +161,10 @@ class Int8DynamicLinear(_Int8WeightLinear):
         steps (in place on float32 sums that are this call's own tensor)."""
         sums = None if self.act_symmetric else self._weight_sums()
         arguments = (acc, scale, self.weight_scale, offset, sums, self.bias)
+        if backend.native_ready():
+            out = native_token.rescale(*arguments)
+            if out is not None:
+                return out
         # fbgemm and oneDNN return a fresh tensor of float sums: rescaled in place, no second output to fault in
         rescale = kernels.token_rescale_ if acc.dtype == torch.float32 else kernels.token_rescale
         if fused:
