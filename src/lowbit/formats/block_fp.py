@@ -41,11 +41,13 @@ from lowbit.formats.blocking import (
     apply_blockwise,
     block_shape,
     can_branch_on_data,
+    contiguous_runs,
     finite_extremes,
     finite_min_max,
     scaled_bits_per_element,
 )
 from lowbit.formats.rounding import round_to_integer
+from lowbit.native import block as native_block
 
 # Blocks are computed in float64. exponent_bias <= 1000 keeps the smallest shared exponent (-B) and its
 # step 2^(-B - M + 1) normal float64 numbers; the top is capped at the input dtype's largest exponent.
@@ -216,6 +218,17 @@ class BlockFP(FormatSpec):
         # code fits x's dtype (_top_code), so the cast back neither rounds a block past its exponent nor,
         # at the largest exponent, past the dtype's largest finite value.
         return apply_blockwise(x.double(), block, quantize_blocks).to(x.dtype)
+
+    def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
+        """Blocks that are contiguous runs (along the last dimension, per row, per tensor) run natively."""
+        if x.dim() == 0 or (self.axis is not None and not -x.dim() <= self.axis < x.dim()):
+            return None
+        runs = contiguous_runs(x.shape, block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim))
+        if runs is None:
+            return None
+        max_exponent = min(self.max_exponent, dtype_max_exponent(x.dtype))
+        return native_block.block_fp(x, runs, self.mantissa_bits, self.min_exponent, max_exponent,
+                                     self._top_code(x.dtype), self._float32_applies(x), self.rounding)  # fmt: skip
 
     def _top_code(self, dtype: torch.dtype) -> float:
         """The largest code: 2^M - 1, or where M exceeds ``dtype``'s significand (W > 25 for float32) the

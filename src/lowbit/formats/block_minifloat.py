@@ -38,9 +38,11 @@ from lowbit.formats.blocking import (
     apply_blockwise,
     block_shape,
     can_branch_on_data,
+    contiguous_runs,
     finite_extremes,
     scaled_bits_per_element,
 )
+from lowbit.native import block as native_block
 
 # Mantissa bits beyond float32's 23 could not be represented in a float32 result.
 _MAX_MANTISSA_BITS = 23
@@ -143,6 +145,18 @@ class BlockMinifloat(FormatSpec):
 
         # float64: the smallest subnormal step (about 2^-790 at Bw = 10, E = 8) stays a normal float64.
         return apply_blockwise(x.double(), block, quantize_blocks).to(x.dtype)
+
+    def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
+        """Blocks that are contiguous runs (along the last dimension, per row, per tensor) run natively."""
+        if x.dim() == 0:
+            return None
+        runs = contiguous_runs(x.shape, block_shape(x.shape, self.block_size, None, self.skip_first_dim))
+        if runs is None:
+            return None
+        max_shared = min(self.max_shared_exponent, dtype_max_exponent(x.dtype))
+        return native_block.block_minifloat(x, runs, self.mantissa_bits, 2**self.exponent_width - 2,
+                                            self.min_shared_exponent, max_shared, self._float32_applies(x),
+                                            self.rounding)  # fmt: skip
 
     def _float32_applies(self, x: torch.Tensor) -> bool:
         """float32 data, a nearest mode and every block's smallest step >= 2^-149: then the float32 grid

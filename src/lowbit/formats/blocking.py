@@ -106,6 +106,27 @@ def _apply_interleaved(x: torch.Tensor, block: Sequence[int], fn: BlockFn) -> to
     return out
 
 
+def contiguous_runs(shape: Sequence[int], block: Sequence[int]) -> tuple[int, int, int] | None:
+    """(rows, row_length, block_length) when every block of ``block`` over ``shape`` is a contiguous run of
+    a row-major tensor: ones, then one dimension cut into blocks, then whole dimensions; rows of row_length
+    elements, each cut into blocks of block_length (its last block shorter where the cut dimension is not a
+    multiple). None for other block shapes (ND blocks) and 0-d shapes."""
+    if not shape:
+        return None
+    inner, cut = 1, len(shape) - 1
+    while cut >= 0 and block[cut] == shape[cut]:
+        inner *= shape[cut]
+        cut -= 1
+    if cut < 0:
+        return 1, inner, inner
+    if any(b != 1 for b in block[:cut]):
+        return None
+    rows = 1
+    for dim in shape[:cut]:
+        rows *= dim
+    return rows, shape[cut] * inner, block[cut] * inner
+
+
 def block_statistics(x: torch.Tensor, block: Sequence[int], statistic: BlockFn) -> torch.Tensor:
     """``statistic(blocked, reduce_dims)`` (one keepdim value per block) for every block of ``x``, shaped
     ``[n0, n1, ...]``: the blocks' own layout, one entry per block."""

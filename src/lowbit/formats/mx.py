@@ -53,10 +53,14 @@ from lowbit.formats.blocking import (
     apply_blockwise,
     block_shape,
     block_statistics,
+    contiguous_runs,
     finite_abs_max,
     normalize_axis,
     num_blocks,
 )
+from lowbit.native import block as native_block
+
+_NATIVE_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 SCALE_BITS = 8
 SCALE_EXPONENT_MIN = -127
@@ -187,6 +191,19 @@ class _MXFormat(FormatSpec):
     def _quantize_for(self, x: torch.Tensor, generator, out_dtype: torch.dtype) -> torch.Tensor:
         """A block never rounds past the largest finite value of the output dtype."""
         return self._quantize_within(x, generator, torch.finfo(out_dtype).max)
+
+    def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
+        """Blocks along the last dimension (or whole trailing dimensions) run natively, saturating at
+        out_dtype's largest value as ``_quantize_for`` does."""
+        if out_dtype not in _NATIVE_OUT_DTYPES or x.dim() == 0 or not -x.dim() <= self.axis < x.dim():
+            return None
+        runs = contiguous_runs(x.shape, self._block(tuple(x.shape)))
+        if runs is None:
+            return None
+        element = self.element
+        dtype_max = torch.finfo(out_dtype).max
+        return native_block.mx(x, runs, element.mantissa_bits, element.min_exponent, element.emax,
+                               element.max_value, self.scale_rule, dtype_max, self.rounding)  # fmt: skip
 
     def _quantize_within(self, x: torch.Tensor, generator, dtype_max: float) -> torch.Tensor:
         if x.dim() == 0:

@@ -48,6 +48,7 @@ from lowbit.formats.blocking import (
     apply_blockwise,
     block_shape,
     block_statistics,
+    contiguous_runs,
     finite_abs_max,
     finite_min_max,
     given_per_axis,
@@ -55,6 +56,7 @@ from lowbit.formats.blocking import (
 )
 from lowbit.formats.minifloat import FloatGrid
 from lowbit.formats.scaling import SCALE_DTYPE_BITS, round_scale, safe_scale
+from lowbit.native import block as native_block
 
 _TORCH_SCALE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -212,6 +214,39 @@ class _OcpFloat(FormatSpec):
             return self._round_scaled(x, self.given_scale(x), generator)
         block = block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim)
         return apply_blockwise(x, block, lambda blocked, dims: self._quantize_block(blocked, dims, generator))
+
+    def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
+        """Unscaled casts, given scales (per tensor, or per index of the first dimension) and f32 block scales
+        over contiguous runs (per-row blocks, per-channel on the first dimension) run natively."""
+        element = self.element
+        grid = (element.mantissa_bits, 1 - element.exponent_bias, element.max_value, element.overflow,
+                self.saturate, self.rounding)  # fmt: skip
+        if not self.is_scaled:
+            return native_block.ocp_element(x, *grid)
+        if x.dim() == 0:
+            return None
+        if self.scale is not None:
+            return self._native_given(x, grid)
+        if self.scale_dtype != "f32":
+            return None
+        runs = contiguous_runs(x.shape, block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim))
+        return None if runs is None else native_block.ocp_scaled(x, runs, None, 1, *grid)
+
+    def _native_given(self, x: torch.Tensor, grid: tuple) -> torch.Tensor | None:
+        scales = self.stored_scale
+        if self.axis is not None and not -x.dim() <= self.axis < x.dim():
+            return None  # the eager path names the axis
+        if len(scales) == 1:
+            length = min(x.numel(), native_block.GIVEN_CHUNK)
+            runs, per_scale = (1, x.numel(), length), x.numel()
+        elif self.axis is not None and self.axis % x.dim() == 0 and len(scales) == x.shape[0]:
+            inner = x.numel() // x.shape[0]
+            length = min(inner, native_block.GIVEN_CHUNK)
+            runs, per_scale = (x.shape[0], inner, length), -(-inner // length)
+        else:
+            return None  # other axes, and wrong lengths (the eager path names them)
+        given = torch.tensor(scales, dtype=torch.float32)
+        return native_block.ocp_scaled(x, runs, given, per_scale, *grid)
 
     def _quantize_block(self, blocked: torch.Tensor, dims: tuple[int, ...], generator) -> torch.Tensor:
         out = self._round_scaled(blocked, self._block_scale(blocked, dims), generator)

@@ -1,0 +1,88 @@
+"""Entry points of the block kernels (csrc/block.c): OCP element casts, scaled OCP elements, MX, block_fp and
+block_minifloat. Blocks are contiguous runs: ``rows`` rows of ``row_length`` floats cut into blocks of
+``block_length`` (the last block of a row may be shorter), as ``blocking.contiguous_runs`` describes them.
+Each function returns a float32 tensor, or None where no library is loaded or the rounding mode has no code
+(stochastic): the caller then runs the eager path."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from lowbit.native.kernels import FLOAT, I64, INT, POINTER, ROUNDING_CODES, function, threads
+
+DOUBLE = ctypes.c_double
+OVERFLOW_KINDS = {"saturate": 0, "inf": 1, "nan": 2}
+SCALE_RULES = {"floor": 0, "ceil": 1, "even": 2}
+_GEOMETRY = [POINTER, POINTER, I64, I64, I64]
+# A chunk of this many elements shares one given scale entry (given scales need no per-block statistic).
+GIVEN_CHUNK = 4096
+
+
+def ocp_element(x: torch.Tensor, mantissa_bits: int, min_exponent: int, max_value: float, overflow: str,
+                saturate: bool, rounding: str) -> torch.Tensor | None:  # fmt: skip
+    """ocp_float.round_element on every element (no scale)."""
+    entry = function("lb_ocp_element_f32", [POINTER, POINTER, I64, INT, INT, FLOAT, INT, INT, INT, INT])
+    mode = ROUNDING_CODES.get(rounding)
+    if entry is None or mode is None:
+        return None
+    out = torch.empty_like(x)
+    entry(x.data_ptr(), out.data_ptr(), x.numel(), mantissa_bits, min_exponent, max_value, OVERFLOW_KINDS[overflow],
+          int(saturate), mode, threads())  # fmt: skip
+    return out
+
+
+def ocp_scaled(x: torch.Tensor, runs: tuple[int, int, int], scales: torch.Tensor | None, blocks_per_scale: int,
+               mantissa_bits: int, min_exponent: int, max_value: float, overflow: str, saturate: bool,
+               rounding: str) -> torch.Tensor | None:  # fmt: skip
+    """s * element(x / s) per block: s derived from the block (f32 scales) when ``scales`` is None, else
+    ``scales[block index // blocks_per_scale]`` (float32, contiguous)."""
+    entry = function("lb_ocp_scaled_f32", _GEOMETRY + [POINTER, I64, INT, INT, FLOAT, INT, INT, INT, INT])
+    mode = ROUNDING_CODES.get(rounding)
+    if entry is None or mode is None:
+        return None
+    out = torch.empty_like(x)
+    entry(x.data_ptr(), out.data_ptr(), *runs, None if scales is None else scales.data_ptr(), blocks_per_scale,
+          mantissa_bits, min_exponent, max_value, OVERFLOW_KINDS[overflow], int(saturate), mode, threads())  # fmt: skip
+    return out
+
+
+def mx(x: torch.Tensor, runs: tuple[int, int, int], mantissa_bits: int, element_min_exponent: int, emax: int,
+       element_max: float, scale_rule: str, dtype_max: float, rounding: str) -> torch.Tensor | None:  # fmt: skip
+    """MX blocks: E8M0 exponent by ``scale_rule``, elements saturating at the block limit under dtype_max."""
+    entry = function("lb_mx_f32", _GEOMETRY + [INT, INT, INT, FLOAT, INT, FLOAT, INT, INT])
+    mode = ROUNDING_CODES.get(rounding)
+    if entry is None or mode is None or mantissa_bits < 1:
+        return None
+    out = torch.empty_like(x)
+    entry(x.data_ptr(), out.data_ptr(), *runs, mantissa_bits, element_min_exponent, emax, element_max,
+          SCALE_RULES[scale_rule], dtype_max, mode, threads())  # fmt: skip
+    return out
+
+
+def block_fp(x: torch.Tensor, runs: tuple[int, int, int], mantissa_bits: int, min_exponent: int, max_exponent: int,
+             top_code: float, in_float: bool, rounding: str) -> torch.Tensor | None:  # fmt: skip
+    """block_fp blocks (in_float: the eager float32 path's arithmetic, else its float64 path's)."""
+    entry = function("lb_block_fp_f32", _GEOMETRY + [INT, INT, INT, DOUBLE, INT, INT, INT])
+    mode = ROUNDING_CODES.get(rounding)
+    if entry is None or mode is None:
+        return None
+    out = torch.empty_like(x)
+    entry(x.data_ptr(), out.data_ptr(), *runs, mantissa_bits, min_exponent, max_exponent, top_code, int(in_float),
+          mode, threads())  # fmt: skip
+    return out
+
+
+def block_minifloat(x: torch.Tensor, runs: tuple[int, int, int], mantissa_bits: int, binades_below_top: int,
+                    min_shared: int, max_shared: int, in_float: bool,
+                    rounding: str) -> torch.Tensor | None:  # fmt: skip
+    """block_minifloat blocks (in_float: the eager float32 path's arithmetic, else its float64 path's)."""
+    entry = function("lb_block_minifloat_f32", _GEOMETRY + [INT, INT, INT, INT, INT, INT, INT])
+    mode = ROUNDING_CODES.get(rounding)
+    if entry is None or mode is None:
+        return None
+    out = torch.empty_like(x)
+    entry(x.data_ptr(), out.data_ptr(), *runs, mantissa_bits, binades_below_top, min_shared, max_shared,
+          int(in_float), mode, threads())  # fmt: skip
+    return out

@@ -1,0 +1,119 @@
+"""Block kernels (csrc/block.c) beyond the case table: parameter variants of the OCP elements, MX, block_fp
+and block_minifloat, each bit for bit the eager path's result, and the kernel really running where it
+should (None only where it is documented not to apply)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lowbit
+from helpers import DETERMINISTIC
+from lowbit.formats.blocking import contiguous_runs
+from lowbit.native import build
+from test_equal_to_eager import assert_bits_equal, random_patterns
+
+pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library():
+    assert build.ensure() is not None, build.error()
+
+
+def samples() -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(5)
+    spread = torch.randn(6, 75, generator=generator) * torch.logspace(-40, 38, 75)  # tails of 75 % 32, 75 % 16
+    return [spread, random_patterns(5, 45, 7), torch.randn(3, 4, 33, generator=generator) * 1e-39,
+            torch.randint(-64, 64, (4, 48), generator=generator) / 16.0]  # fmt: skip
+
+
+def check(name: str, modes=DETERMINISTIC, out_dtype=torch.float32, **params) -> None:
+    for mode in modes:
+        spec = lowbit.get_format(name)(**params, rounding=mode)
+        for x in samples():
+            got = spec._native(x, out_dtype)
+            assert got is not None, (name, params, mode)
+            assert_bits_equal(got, spec._quantize_for(x, None, out_dtype))
+
+
+@pytest.mark.parametrize("name", ["e5m2", "e4m3", "e3m2", "e2m3", "e2m1"])
+@pytest.mark.parametrize("params", [
+    {"saturate": False}, {"block_size": [1, 16], "saturate": False}, {"axis": 0}, {"axis": -1, "block_size": [8]},
+    {"scale": 0.3, "saturate": False}, {"block_size": [-1]}, {"block_size": [1, 32], "skip_first_dim": True},
+], ids=str)  # fmt: skip
+def test_ocp_variants(name, params):
+    check(name, **params)
+
+
+def test_ocp_given_scale_per_first_dimension():
+    spec = lowbit.get_format("e4m3")(scale=tuple(0.1 * (k + 1) for k in range(6)), axis=0)
+    x = samples()[0]
+    assert_bits_equal(spec._native(x, torch.float32), spec._quantize_for(x, None, torch.float32))
+
+
+def test_ocp_parameters_without_a_kernel_return_none():
+    x = samples()[0]
+    assert lowbit.get_format("e4m3")(block_size=[2, 16])._native(x, torch.float32) is None  # ND blocks
+    assert lowbit.get_format("e4m3")(block_size=[1, 16], scale_dtype="bf16")._native(x, torch.float32) is None
+    assert lowbit.get_format("e4m3")(scale=(0.5,) * 75, axis=1)._native(x, torch.float32) is None
+    assert lowbit.get_format("e4m3")(axis=1)._native(x, torch.float32) is None  # columns: strided blocks
+
+
+@pytest.mark.parametrize("name", ["mxint8", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1"])
+@pytest.mark.parametrize("params", [{"scale_rule": "ceil"}, {"scale_rule": "even"}, {"block_size": 16},
+                                    {"block_size": -1}], ids=str)  # fmt: skip
+def test_mx_variants(name, params):
+    check(name, **params)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rule", ["floor", "ceil", "even"])
+def test_mx_saturates_at_the_output_dtype(out_dtype, rule):
+    check("mxfp4_e2m1", modes=["nearest_even", "up"], out_dtype=out_dtype, scale_rule=rule)
+    x = torch.tensor([[65504.0, 3.0e38] + [1.0] * 30])
+    spec = lowbit.get_format("mxfp4_e2m1")(scale_rule=rule)
+    assert_bits_equal(spec._native(x, out_dtype), spec._quantize_for(x, None, out_dtype))
+    assert spec._native(x, torch.float64) is None
+
+
+def test_mx_other_axes_return_none():
+    x = samples()[0]
+    assert lowbit.get_format("mxfp8_e4m3")(axis=0)._native(x, torch.float32) is None
+
+
+@pytest.mark.parametrize("params", [
+    {}, {"width": 4, "exponent_width": 4}, {"width": 30, "exponent_width": 9, "exponent_bias": 200},
+    {"width": 25}, {"block_size": None}, {"axis": 0, "block_size": None}, {"block_size": [1, 7]},
+    {"width": 6, "exponent_width": 3, "exponent_bias": 0},
+], ids=str)  # fmt: skip
+def test_block_fp_variants(params):
+    check("block_fp", **params)
+
+
+@pytest.mark.parametrize("params", [
+    {}, {"width": 6, "exponent_width": 5}, {"width": 12, "exponent_width": 3, "exponent_bias_width": 10},
+    {"width": 27, "exponent_width": 3}, {"width": 5, "exponent_width": 4}, {"block_size": None},
+    {"block_size": [1, 9], "exponent_bias_width": 2},
+], ids=str)  # fmt: skip
+def test_block_minifloat_variants(params):
+    check("block_minifloat", **params)
+
+
+def test_block_kernels_run_on_several_threads():
+    x = torch.randn(1024, 1100, generator=torch.Generator().manual_seed(9)) * 8  # > 2^20 elements
+    x[3, 5], x[700, 1] = float("nan"), float("inf")
+    for name, params in [("mxfp4_e2m1", {}), ("block_fp", {}), ("block_minifloat", {}),
+                         ("e2m1", {"block_size": [1, 32]}), ("e4m3", {"scale": 0.25})]:  # fmt: skip
+        spec = lowbit.get_format(name)(**params)
+        assert_bits_equal(spec._native(x, torch.float32), spec._quantize_for(x, None, torch.float32))
+
+
+def test_contiguous_runs():
+    assert contiguous_runs((4, 100), (1, 32)) == (4, 100, 32)
+    assert contiguous_runs((4, 100), (4, 100)) == (1, 400, 400)
+    assert contiguous_runs((3, 4, 5), (1, 4, 5)) == (1, 60, 20)  # three blocks of 20
+    assert contiguous_runs((3, 4, 5), (1, 2, 5)) == (3, 20, 10)
+    assert contiguous_runs((3, 4, 5), (3, 1, 5)) is None
+    assert contiguous_runs((4, 100), (2, 32)) is None
+    assert contiguous_runs((), ()) is None
