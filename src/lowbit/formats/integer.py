@@ -39,6 +39,7 @@ from lowbit.formats.blocking import scaled_bits_per_element
 from lowbit.formats.rounding import round_to_integer
 from lowbit.formats.scaling import SCALE_DTYPE_BITS, ceil_power_of_two, round_scale, round_scale_up, safe_scale
 from lowbit.formats.scaling import round_scale_down, shorten_scale
+from lowbit.native import integer as native_integer
 
 
 class AffineParameters(NamedTuple):
@@ -104,6 +105,9 @@ class Integer(FormatSpec):
             scaled = torch.where((scaled == 0) & (x != 0), tiny, scaled)
         codes = round_to_integer(scaled, self.rounding, generator).clamp(q_min, q_max)
         return codes * self.step
+
+    def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
+        return native_integer.fixed_point(x, self)
 
     def value_set(self) -> torch.Tensor:
         q_min, q_max = self.code_range
@@ -234,6 +238,9 @@ class Affine(FormatSpec):
         return (torch.arange(q_min, q_max + 1, dtype=torch.float64) - zero_point) * scale
 
     # ---- quantization -------------------------------------------------------------------------------
+    def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
+        return native_integer.affine(x, self, block_shape)
+
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         if self.scale is not None:
             scale, zero_point = self._given_parameters(x)

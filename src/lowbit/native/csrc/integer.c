@@ -1,0 +1,428 @@
+/* Integer, fixed-point and affine quantizers (formats/integer.py, formats/presets.py), bit-identical to the
+ * eager torch code: the same float32 operations in the same order, per element and per block.
+ *
+ * Fixed point: clamp(round(x * 2^f), q_min, q_max) * 2^-f.
+ * Affine: steps = round(x * (1 / scale)) (directed modes corrected against the grid values), codes =
+ * clamp(steps + zp, low code, high code), value = (codes - zp) * scale clamped to +-FLT_MAX. Derived scales
+ * come from min-max statistics over finite elements (non-finite elements count as zero), widened to include
+ * zero, per tensor, per channel, or per block of a row. */
+#include <float.h>
+#include <stdlib.h>
+#include "common.h"
+
+enum { KIND_ASYMMETRIC, KIND_SYMMETRIC, KIND_FULL_RANGE };
+enum { SCALE_F32, SCALE_F16, SCALE_BF16 };
+enum { LAYOUT_TENSOR, LAYOUT_ROWS, LAYOUT_CHANNELS, LAYOUT_GIVEN };
+#define STAT_GRAIN 65536
+#define MAX_PARTS 64
+
+static inline float clamp_codes(float v, float low, float high) { /* torch.clamp: NaN stays NaN */
+    return v < low ? low : (v > high ? high : v);
+}
+
+static inline int is_directed(int mode) { return mode >= LB_TOWARD_ZERO; }
+
+/* ---- fixed point ------------------------------------------------------------------------------------ */
+typedef struct {
+    const float *x;
+    float *out;
+    float multiplier, step, q_min, q_max;
+    int keep_sign, mode;
+} fixed_job;
+
+static inline float fixed_value(float v, const fixed_job *job, int mode) {
+    float scaled = v * job->multiplier;
+    if (job->keep_sign && scaled == 0.0f && v != 0.0f) scaled = lb_sign(v) * FLT_MIN; /* underflow keeps side */
+    return clamp_codes(lb_round(scaled, mode), job->q_min, job->q_max) * job->step;
+}
+
+#define FIXED_LOOP(MODE) for (int64_t i = begin; i < end; i++) job->out[i] = fixed_value(job->x[i], job, MODE)
+
+static void fixed_range(const void *context, int64_t begin, int64_t end) {
+    const fixed_job *job = context;
+    LB_FOR_EACH_MODE(job->mode, FIXED_LOOP)
+}
+
+/* The format's constants, prepared once per spec by lowbit.native.integer (a ctypes structure). */
+typedef struct {
+    float multiplier, step, q_min, q_max; /* 2^f, 2^-f, code range */
+    int32_t keep_sign, mode;              /* keep_sign: f < 0 under a mode that is not a nearest one */
+} lb_fixed_spec;
+
+void lb_fixed_f32(const float *x, float *out, int64_t n, const lb_fixed_spec *spec, int threads) {
+    fixed_job job = {x, out, spec->multiplier, spec->step, spec->q_min, spec->q_max, spec->keep_sign, spec->mode};
+    lb_parallel(n, 64, threads, fixed_range, &job);
+}
+
+/* ---- one element -------------------------------------------------------------------------------------- */
+/* integer._correct_directed: one step of correction against the grid value steps * scale. Each condition is
+ * added as 0.0 / 1.0 exactly as eager does (steps + 0.0 turns -0.0 into +0.0 there too). */
+static inline float directed_steps(float v, float scale, float steps, int mode) {
+    int not_above = mode == LB_DOWN ? 1 : (mode == LB_UP ? 0 : (mode == LB_TOWARD_ZERO ? v >= 0.0f : v < 0.0f));
+    steps = steps - (float)(not_above & (steps * scale > v));
+    steps = steps + (float)(not_above & ((steps + 1.0f) * scale <= v));
+    steps = steps + (float)(!not_above & (steps * scale < v));
+    return steps - (float)(!not_above & ((steps - 1.0f) * scale >= v));
+}
+
+static inline float round_steps(float v, float scale, float inverse, int mode) {
+    float steps = lb_round(v * inverse, mode);
+    return is_directed(mode) ? directed_steps(v, scale, steps, mode) : steps;
+}
+
+/* bounded: every code's value is finite (checked per parameter set), so the final clamp to +-FLT_MAX cannot
+ * change a result and is left out. */
+static inline float affine_value(float v, float scale, float inverse, float zero_point, float low, float high,
+                                 int mode, int bounded) {
+    float codes = clamp_codes(round_steps(v, scale, inverse, mode) + zero_point, low, high);
+    float value = (codes - zero_point) * scale;
+    return bounded ? value : lb_clamp(value, FLT_MAX);
+}
+
+static inline int values_bounded(float scale, float zero_point, float low, float high) {
+    return fabsf((high - zero_point) * scale) <= FLT_MAX && fabsf((low - zero_point) * scale) <= FLT_MAX;
+}
+
+/* ---- scales (formats/scaling.py) ---------------------------------------------------------------------- */
+static inline float power_of_two(int exponent) { /* 2^exponent as torch.ldexp gives it in float32 */
+    if (exponent > 127) return INFINITY;
+    if (exponent >= -126) return lb_float((uint32_t)(exponent + 127) << 23);
+    return exponent >= -149 ? lb_float(1u << (exponent + 149)) : 0.0f;
+}
+
+/* frexp's exponent of a positive normal float32 (mantissa in [0.5, 1)) */
+static inline int frexp_exponent(float v) { return (int)(lb_bits(v) >> 23) - 126; }
+static inline int is_power_of_two(float v) { return (lb_bits(v) & 0x7fffffu) == 0; }
+
+static inline float safe_scale(float s) { return (fabsf(s) <= FLT_MAX && s >= FLT_MIN) ? s : FLT_MIN; }
+
+static inline float ceil_power_of_two(float s) { /* s positive, normal */
+    return is_power_of_two(s) ? s : power_of_two(frexp_exponent(s));
+}
+
+static const float stored_tiny[3] = {FLT_MIN, 6.103515625e-05f, FLT_MIN};
+static const float stored_max[3] = {FLT_MAX, 65504.0f, 3.38953139e38f};
+static const int stored_bits[3] = {24, 11, 8};
+
+static inline float round_scale(float s, int dtype) {
+    if (dtype == SCALE_F32) return s;
+    s = s < stored_tiny[dtype] ? stored_tiny[dtype] : (s > stored_max[dtype] ? stored_max[dtype] : s);
+    if (dtype == SCALE_F16) return (float)(_Float16)s;
+    uint32_t bits = lb_bits(s);
+    return lb_float((bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u);
+}
+
+static inline float round_scale_up(float s, int dtype) {
+    float rounded = round_scale(s, dtype);
+    if (dtype == SCALE_F32 || !(rounded < s && rounded < stored_max[dtype])) return rounded;
+    return rounded + power_of_two(frexp_exponent(rounded) - stored_bits[dtype]);
+}
+
+static inline float round_scale_down(float s, int dtype) {
+    float rounded = round_scale(s, dtype);
+    if (dtype == SCALE_F32 || !(rounded > s && rounded > stored_tiny[dtype])) return rounded;
+    int exponent = frexp_exponent(rounded) - is_power_of_two(rounded);
+    return rounded - power_of_two(exponent - stored_bits[dtype]);
+}
+
+static inline float shorten_scale(float s, int code_bits) { /* 0: unchanged; s positive, normal */
+    return code_bits ? lb_float(lb_bits(s) & ~((1u << code_bits) - 1u)) : s;
+}
+
+/* ---- derived parameters (Affine.parameters_from_block) ------------------------------------------------ */
+/* The format's constants, prepared once per spec by lowbit.native.integer (a ctypes structure). */
+typedef struct {
+    float q_min, q_max, clamp_low, clamp_high; /* code range; codes outputs take (Affine.clamp_range) */
+    int32_t kind, power_of_two, scale_dtype, shorten_bits, mode, unused;
+    const float *scales, *zero_points; /* given parameters: one value or one per channel */
+    int64_t scale_count, zero_point_count;
+} lb_affine_spec;
+
+typedef struct { float scale, inverse, zero_point; int bounded; } affine_params;
+
+static float derived_zero_point(const lb_affine_spec *c, float low, float scale, int pins) {
+    if (c->kind != KIND_ASYMMETRIC) return 0.0f;
+    float inverse = 1.0f / scale;
+    float steps = pins ? rintf(low * inverse) : round_steps(low, scale, inverse, c->mode);
+    return clamp_codes(c->q_min - steps, c->q_min, c->q_max);
+}
+
+static affine_params fit_scale(const lb_affine_spec *c, float raw, float low, float high, int pins) {
+    affine_params p;
+    raw = safe_scale(raw);
+    if (c->power_of_two) raw = ceil_power_of_two(raw);
+    if (is_directed(c->mode)) {
+        p.scale = shorten_scale(safe_scale(round_scale_down(raw, c->scale_dtype)), c->shorten_bits);
+    } else {
+        p.scale = safe_scale(round_scale(raw, c->scale_dtype));
+        if (c->scale_dtype != SCALE_F32) {
+            float zero_point = derived_zero_point(c, low, p.scale, pins), inverse = 1.0f / p.scale;
+            if ((high * inverse + zero_point > c->clamp_high + 0.5f) | (low * inverse + zero_point < c->clamp_low - 0.5f))
+                p.scale = safe_scale(round_scale_up(raw, c->scale_dtype));
+        }
+        p.scale = shorten_scale(p.scale, c->shorten_bits);
+    }
+    p.zero_point = derived_zero_point(c, low, p.scale, pins);
+    return p;
+}
+
+static float pinned_scale(const lb_affine_spec *c, affine_params p, float low, float high) {
+    float above = c->q_max - p.zero_point, below = p.zero_point - c->q_min;
+    float from_high = above > 0.0f ? high / (above < 1.0f ? 1.0f : above) : INFINITY;
+    float from_low = below > 0.0f ? -low / (below < 1.0f ? 1.0f : below) : INFINITY;
+    float pinned = from_high < from_low ? from_high : from_low;
+    pinned = pinned < p.scale ? pinned : p.scale;
+    pinned = round_scale_down(safe_scale(pinned), c->scale_dtype);
+    return shorten_scale(safe_scale(pinned), c->shorten_bits);
+}
+
+/* low <= 0 <= high: the block's finite extremes widened to include zero */
+static affine_params derive(const lb_affine_spec *c, float low, float high) {
+    affine_params p;
+    if (c->kind == KIND_FULL_RANGE) {
+        float from_low = low / c->q_min, from_high = high / c->q_max;
+        p = fit_scale(c, from_low > from_high ? from_low : from_high, low, high, 0);
+    } else if (c->kind == KIND_SYMMETRIC) {
+        float amax = high > -low ? high : -low;
+        p = fit_scale(c, amax / c->q_max, -amax, amax, 0);
+    } else {
+        float span = high - low, levels = c->q_max - c->q_min;
+        float raw = isinf(span) ? high / levels - low / levels : span / levels;
+        int pins = c->mode == LB_TOWARD_ZERO && !c->power_of_two;
+        p = fit_scale(c, raw, low, high, pins);
+        if (pins) p.scale = pinned_scale(c, p, low, high);
+    }
+    p.inverse = 1.0f / p.scale;
+    p.bounded = values_bounded(p.scale, p.zero_point, c->clamp_low, c->clamp_high);
+    return p;
+}
+
+/* ---- statistics ---------------------------------------------------------------------------------------- */
+static inline float finite_or_zero(float v) { return fabsf(v) <= FLT_MAX ? v : 0.0f; }
+
+/* min / max of the finite elements of x[0, n) and of *low / *high (updated in place) */
+static void min_max(const float *x, int64_t n, float *low, float *high) {
+    float lows[16], highs[16];
+    for (int k = 0; k < 16; k++) lows[k] = *low, highs[k] = *high;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) {
+            float v = finite_or_zero(x[i + k]);
+            lows[k] = v < lows[k] ? v : lows[k];
+            highs[k] = v > highs[k] ? v : highs[k];
+        }
+    for (; i < n; i++) {
+        float v = finite_or_zero(x[i]);
+        lows[0] = v < lows[0] ? v : lows[0];
+        highs[0] = v > highs[0] ? v : highs[0];
+    }
+    for (int k = 0; k < 16; k++) {
+        *low = lows[k] < *low ? lows[k] : *low;
+        *high = highs[k] > *high ? highs[k] : *high;
+    }
+}
+
+/* ---- element passes ------------------------------------------------------------------------------------ */
+#define RUN_LOOP(MODE) \
+    if (p.bounded) for (int64_t i = 0; i < n; i++) \
+        out[i] = affine_value(x[i], p.scale, p.inverse, p.zero_point, low, high, MODE, 1); \
+    else for (int64_t i = 0; i < n; i++) \
+        out[i] = affine_value(x[i], p.scale, p.inverse, p.zero_point, low, high, MODE, 0)
+
+static void affine_run(const float *x, float *out, int64_t n, affine_params p, float low, float high, int mode) {
+    LB_FOR_EACH_MODE(mode, RUN_LOOP)
+}
+
+/* one run of n elements, each with its own parameter set (per channel of the last dimension) */
+#define CHANNEL_LOOP(MODE) \
+    if (bounded) for (int64_t i = 0; i < n; i++) \
+        out[i] = affine_value(x[i], scale[i], inverse[i], zero_point[i], low, high, MODE, 1); \
+    else for (int64_t i = 0; i < n; i++) \
+        out[i] = affine_value(x[i], scale[i], inverse[i], zero_point[i], low, high, MODE, 0)
+
+static void channel_run(const float *x, float *out, int64_t n, const float *scale, const float *inverse,
+                        const float *zero_point, float low, float high, int mode, int bounded) {
+    LB_FOR_EACH_MODE(mode, CHANNEL_LOOP)
+}
+
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t channels, inner, length, block;
+    affine_params *params; /* one per channel (LAYOUT_CHANNELS / given) */
+    float *scale, *inverse, *zero_point; /* the same, as arrays (a last-dimension channel run) */
+    int bounded;
+    affine_params tensor; /* LAYOUT_TENSOR */
+    const lb_affine_spec *config;
+    float *parts; /* partial statistics */
+} affine_job;
+
+static void tensor_range(const void *context, int64_t begin, int64_t end) {
+    const affine_job *job = context;
+    affine_run(job->x + begin, job->out + begin, end - begin, job->tensor, job->config->clamp_low,
+               job->config->clamp_high, job->config->mode);
+}
+
+static void tensor_statistics(const void *context, int64_t begin, int64_t end) {
+    const affine_job *job = context;
+    for (int64_t start = begin; start < end; start += STAT_GRAIN) {
+        float *part = job->parts + 2 * (start / STAT_GRAIN);
+        part[0] = part[1] = 0.0f;
+        min_max(job->x + start, (end - start < STAT_GRAIN ? end - start : STAT_GRAIN), part, part + 1);
+    }
+}
+
+/* [outer, channels, inner] in slices of whole outer indices */
+static void channel_range(const void *context, int64_t begin, int64_t end) {
+    const affine_job *job = context;
+    const lb_affine_spec *c = job->config;
+    int64_t slice = job->channels * job->inner;
+    for (int64_t start = begin; start < end; start += slice) {
+        if (job->inner == 1) {
+            channel_run(job->x + start, job->out + start, slice, job->scale, job->inverse, job->zero_point,
+                        c->clamp_low, c->clamp_high, c->mode, job->bounded);
+            continue;
+        }
+        for (int64_t channel = 0; channel < job->channels; channel++) {
+            int64_t at = start + channel * job->inner;
+            affine_run(job->x + at, job->out + at, job->inner, job->params[channel], c->clamp_low, c->clamp_high,
+                       c->mode);
+        }
+    }
+}
+
+/* statistics per channel over the outer indices of one part (a whole number of outer slices) */
+static void channel_statistics(const void *context, int64_t begin, int64_t end) {
+    const affine_job *job = context;
+    int64_t slice = job->channels * job->inner, per_part = job->length;
+    for (int64_t first = begin; first < end; first += per_part) {
+        float *low = job->parts + 2 * job->channels * (first / per_part), *high = low + job->channels;
+        int64_t stop = end - first < per_part ? end : first + per_part;
+        for (int64_t channel = 0; channel < job->channels; channel++) low[channel] = high[channel] = 0.0f;
+        for (int64_t start = first; start < stop; start += slice) {
+            const float *x = job->x + start;
+            if (job->inner == 1) {
+                for (int64_t channel = 0; channel < job->channels; channel++) {
+                    float v = finite_or_zero(x[channel]);
+                    low[channel] = v < low[channel] ? v : low[channel];
+                    high[channel] = v > high[channel] ? v : high[channel];
+                }
+                continue;
+            }
+            for (int64_t channel = 0; channel < job->channels; channel++)
+                min_max(x + channel * job->inner, job->inner, low + channel, high + channel);
+        }
+    }
+}
+
+/* rows of `length` elements, each cut into blocks of `block` (the last one shorter) */
+static void row_range(const void *context, int64_t begin, int64_t end) {
+    const affine_job *job = context;
+    const lb_affine_spec *c = job->config;
+    for (int64_t row = begin; row < end; row += job->length)
+        for (int64_t start = 0; start < job->length; start += job->block) {
+            int64_t count = job->length - start < job->block ? job->length - start : job->block;
+            float low = 0.0f, high = 0.0f;
+            min_max(job->x + row + start, count, &low, &high);
+            affine_run(job->x + row + start, job->out + row + start, count, derive(c, low, high), c->clamp_low,
+                       c->clamp_high, c->mode);
+        }
+}
+
+static int tensor_pass(affine_job *job, int64_t n, int threads) {
+    int64_t count = (n + STAT_GRAIN - 1) / STAT_GRAIN;
+    job->parts = malloc(sizeof(float) * 2 * count);
+    if (!job->parts) return 0;
+    lb_parallel(n, STAT_GRAIN, threads, tensor_statistics, job);
+    float low = 0.0f, high = 0.0f;
+    for (int64_t part = 0; part < count; part++) {
+        low = job->parts[2 * part] < low ? job->parts[2 * part] : low;
+        high = job->parts[2 * part + 1] > high ? job->parts[2 * part + 1] : high;
+    }
+    free(job->parts);
+    job->tensor = derive(job->config, low, high);
+    lb_parallel(n, 64, threads, tensor_range, job);
+    return 1;
+}
+
+/* parameter arrays for `channels` channels (params, then scale / inverse / zero point as floats) */
+static void *channel_memory(affine_job *job, int64_t extra_floats) {
+    int64_t channels = job->channels;
+    char *memory = malloc(sizeof(affine_params) * channels + sizeof(float) * (3 * channels + extra_floats));
+    if (!memory) return NULL;
+    job->params = (affine_params *)memory;
+    job->scale = (float *)(memory + sizeof(affine_params) * channels);
+    job->inverse = job->scale + channels, job->zero_point = job->inverse + channels;
+    job->parts = job->zero_point + channels;
+    return memory;
+}
+
+static void set_channel(affine_job *job, int64_t channel, affine_params p) {
+    job->params[channel] = p;
+    job->scale[channel] = p.scale, job->inverse[channel] = p.inverse, job->zero_point[channel] = p.zero_point;
+    job->bounded &= p.bounded;
+}
+
+static int channel_pass(affine_job *job, int64_t outer, int threads) {
+    int64_t channels = job->channels, slice = channels * job->inner;
+    int64_t per_part = (outer + MAX_PARTS - 1) / MAX_PARTS, count = (outer + per_part - 1) / per_part;
+    void *memory = channel_memory(job, 2 * channels * count + 2 * channels);
+    if (!memory) return 0;
+    float *low = job->parts + 2 * channels * count, *high = low + channels;
+    job->length = per_part * slice;
+    lb_parallel(outer * slice, per_part * slice, threads, channel_statistics, job);
+    for (int64_t channel = 0; channel < channels; channel++) low[channel] = high[channel] = 0.0f;
+    for (int64_t part = 0; part < count; part++)
+        for (int64_t channel = 0; channel < channels; channel++) {
+            float part_low = job->parts[2 * channels * part + channel];
+            float part_high = job->parts[2 * channels * part + channels + channel];
+            low[channel] = part_low < low[channel] ? part_low : low[channel];
+            high[channel] = part_high > high[channel] ? part_high : high[channel];
+        }
+    job->bounded = 1;
+    for (int64_t channel = 0; channel < channels; channel++)
+        set_channel(job, channel, derive(job->config, low[channel], high[channel]));
+    lb_parallel(outer * slice, slice, threads, channel_range, job);
+    free(memory);
+    return 1;
+}
+
+/* Given parameters: the spec's scales (raw float32 values, rounded here as Affine._given_parameters does) and
+ * zero points, each one value or one per channel of [outer, channels, inner]. */
+static int given_pass(affine_job *job, int64_t outer, int threads) {
+    const lb_affine_spec *c = job->config;
+    if (job->channels < 1) return 1; /* no elements */
+    void *memory = channel_memory(job, 0);
+    if (!memory) return 0;
+    job->bounded = 1;
+    for (int64_t channel = 0; channel < job->channels; channel++) {
+        float s = c->scales[c->scale_count == 1 ? 0 : channel];
+        affine_params p;
+        p.scale = round_scale(c->power_of_two ? ceil_power_of_two(s) : s, c->scale_dtype);
+        p.inverse = 1.0f / p.scale;
+        p.zero_point = c->zero_points[c->zero_point_count == 1 ? 0 : channel];
+        p.bounded = values_bounded(p.scale, p.zero_point, c->clamp_low, c->clamp_high);
+        set_channel(job, channel, p);
+    }
+    job->tensor = job->params[0];
+    int64_t slice = job->channels * job->inner;
+    if (job->channels == 1) lb_parallel(outer * slice, 64, threads, tensor_range, job);
+    else lb_parallel(outer * slice, slice, threads, channel_range, job);
+    free(memory);
+    return 1;
+}
+
+/* Affine quantization of x (float32, n elements) into out. layout TENSOR: min-max over all d0 elements; ROWS:
+ * d0 rows of d1 elements, min-max per block of d2 along each row; CHANNELS: [d0, d1, d2], min-max per index of
+ * d1; GIVEN: [d0, d1, d2] with the spec's scales and zero points (one, or one per index of d1). Returns 0
+ * where memory ran out (nothing written: the caller falls back), else 1. */
+int lb_affine_f32(const float *x, float *out, int layout, int64_t d0, int64_t d1, int64_t d2,
+                  const lb_affine_spec *spec, int threads) {
+    affine_job job = {x, out, d1, d2, d1, d2, NULL, NULL, NULL, NULL, 1, {1.0f, 1.0f, 0.0f, 1}, spec, NULL};
+    switch (layout) {
+    case LAYOUT_TENSOR: return tensor_pass(&job, d0, threads);
+    case LAYOUT_ROWS: lb_parallel(d0 * d1, d1, threads, row_range, &job); return 1;
+    case LAYOUT_CHANNELS: return channel_pass(&job, d0, threads);
+    default: return given_pass(&job, d0, threads);
+    }
+}
