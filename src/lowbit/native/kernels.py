@@ -20,9 +20,9 @@ I64, INT, FLOAT, POINTER = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.
 _bound: dict[str, tuple] = {}
 
 
-def function(name: str, argument_types: list):
-    """The C function ``name`` of the loaded library with these argument types (ctypes), or None when no
-    library is loaded. Bound once per library."""
+def function(name: str, argument_types: list, result_type=None):
+    """The C function ``name`` of the loaded library with these argument and result types (ctypes), or None
+    when no library is loaded. Bound once per library."""
     library = build.library()
     if library is None:
         return None
@@ -30,7 +30,7 @@ def function(name: str, argument_types: list):
     if bound is None or bound[0] is not library:
         entry = getattr(library, name)
         entry.argtypes = argument_types
-        entry.restype = None
+        entry.restype = result_type
         bound = _bound[name] = (library, entry)
     return bound[1]
 

@@ -18,7 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lowbit import backend
 from lowbit.errors import ConfigError, FormatError
+from lowbit.native import ensure as native_ensure
+from lowbit.native import error as native_error
+from lowbit.native import linear as native_linear
 from lowbit.ops import kernels, routes
 from lowbit.ops._state import DerivedStateMixin
 from lowbit.ops.integer import accumulate_int_mm, accumulate_reference, dense
@@ -146,6 +150,7 @@ class WeightOnlyLinear(RealQuantLinear):
     ``packed_fits()``. Subclasses give ``dequantized_weight``, ``packed_fits`` and ``run_packed``."""
 
     packed_path: ClassVar[str]
+    has_native: ClassVar[bool] = False  # a float32 kernel in lowbit.native (the "native" path)
     SMALL_BATCH = 32
     compute_dtype: str | None = None
 
@@ -161,7 +166,9 @@ class WeightOnlyLinear(RealQuantLinear):
 
     def choose_path(self, rows: torch.Tensor) -> str:
         dtype = COMPUTE_DTYPES[self.compute_dtype] if self.compute_dtype else rows.dtype
-        return routes.weight_only(rows.device, rows.shape[0], dtype, self.packed_path, self.packed_fits(), self.SMALL_BATCH)
+        native = self.has_native and backend.native_ready()
+        return routes.weight_only(rows.device, rows.shape[0], dtype, self.packed_path, self.packed_fits(),
+                                  self.SMALL_BATCH, native)  # fmt: skip
 
     def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
         return F.linear(rows, self.dequantized_weight(), self.bias)
@@ -302,8 +309,9 @@ class Int8WeightOnlyLinear(_Int8WeightLinear, WeightOnlyLinear):
     """int8 weights (symmetric, per channel), float activations; paths of :class:`WeightOnlyLinear` with
     "int8pack" (bfloat16 activations, several times faster than float32 for few rows) as the packed one."""
 
-    paths = ("auto", "reference", "int8pack", "dequantize", "dequantize_bf16")
+    paths = ("auto", "reference", "int8pack", "dequantize", "dequantize_bf16", "native")
     packed_path = "int8pack"
+    has_native = True
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, compute_dtype: str | None = None) -> None:
         super().__init__(in_features, out_features, bias)
@@ -314,3 +322,12 @@ class Int8WeightOnlyLinear(_Int8WeightLinear, WeightOnlyLinear):
 
     def run_packed(self, rows: torch.Tensor) -> torch.Tensor:
         return self._add_bias(kernels.int8pack_linear(rows, self.weight_codes, self.weight_scale))
+
+    def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
+        if path != "native":
+            return super().run_path(path, rows)
+        if native_ensure() is None:  # a forced path builds the library if need be, whatever the backend
+            raise ConfigError(f"{type(self).__name__}.path='native': the native kernels are not available "
+                              f"({native_error() or 'LOWBIT_NATIVE=0'})")  # fmt: skip
+        out = native_linear.int8_linear(rows.contiguous(), self.weight_codes, self.weight_scale, self.bias)
+        return super().run_path("dequantize", rows) if out is None else out  # None: buffers moved off the CPU

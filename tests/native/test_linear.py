@@ -1,0 +1,82 @@
+"""The native int8 weight-only Linear (lowbit.native.linear): float32 arithmetic within float32 rounding of the
+dequantized reference, chosen automatically up to NATIVE_MAX_ROWS rows once loaded, refused clearly when it
+cannot run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lowbit import backend
+from lowbit.errors import ConfigError
+from lowbit.native import build, linear
+from lowbit.ops import Int8WeightOnlyLinear, routes
+
+needs_compiler = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
+
+
+def module(inner: int, outer: int, bias: bool = True, seed: int = 0) -> Int8WeightOnlyLinear:
+    torch.manual_seed(seed)
+    return Int8WeightOnlyLinear.from_float(torch.nn.Linear(inner, outer, bias=bias))
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).abs().max() / want.double().abs().max())
+
+
+@needs_compiler
+@pytest.mark.parametrize("rows,inner,outer", [(1, 64, 48), (5, 37, 19), (16, 1024, 64), (64, 200, 130), (300, 96, 40)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_native_kernel_is_within_float32_rounding_of_the_reference(rows, inner, outer, bias):
+    assert build.ensure() is not None, build.error()
+    layer = module(inner, outer, bias)
+    x = torch.randn(rows, inner) * 3
+    exact = x.double() @ layer.dequantized_weight().double().t() + (layer.bias.double() if bias else 0)
+    got = linear.int8_linear(x, layer.weight_codes, layer.weight_scale, layer.bias)
+    assert got is not None and got.dtype == torch.float32 and got.shape == (rows, outer)
+    # float32 sums of `inner` products: a few ulps of the largest partial sum per step
+    assert relative_error(got, exact) < 4 * inner * 2.0**-24
+    assert relative_error(got, layer.forward_reference(x)) < 4 * inner * 2.0**-24
+
+
+@needs_compiler
+def test_auto_takes_the_native_kernel_for_up_to_native_max_rows_only_when_loaded(monkeypatch):
+    assert build.ensure() is not None
+    layer = module(96, 40)
+    small, large = torch.randn(routes.NATIVE_MAX_ROWS, 96), torch.randn(routes.NATIVE_MAX_ROWS + 1, 96)
+    try:
+        backend.set_backend("auto")
+        assert layer.choose_path(small) == "native" and layer.choose_path(large) == "dequantize"
+        assert layer.choose_path(small.bfloat16()) != "native"  # bfloat16 models compute in bfloat16
+        got = layer(small.reshape(8, -1, 96))  # any leading shape
+        assert relative_error(got.reshape(-1, 40), layer.forward_reference(small)) < 1e-5
+        backend.set_backend("eager")
+        assert layer.choose_path(small) == "dequantize"
+        backend.set_backend("auto")
+        monkeypatch.setenv("LOWBIT_NATIVE", "0")
+        assert layer.choose_path(small) == "dequantize"
+    finally:
+        backend.set_backend("eager")
+
+
+def test_sizes_or_dtypes_the_kernel_does_not_take_are_refused_not_read():
+    layer = module(32, 16)
+    x = torch.randn(4, 32)
+    assert linear.int8_linear(x, layer.weight_codes, layer.weight_scale[:8], layer.bias) is None
+    assert linear.int8_linear(x, layer.weight_codes, layer.weight_scale, layer.bias[:8]) is None
+    assert linear.int8_linear(x.double(), layer.weight_codes, layer.weight_scale, layer.bias) is None
+    assert linear.int8_linear(torch.randn(32, 4).t(), layer.weight_codes, layer.weight_scale, None) is None
+    assert linear.int8_linear(torch.randn(4, 31), layer.weight_codes, layer.weight_scale, None) is None
+
+
+def test_a_forced_native_path_without_a_library_is_a_config_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    build.reset()
+    try:
+        layer = module(32, 16)
+        layer.path = "native"
+        with pytest.raises(ConfigError, match="native kernels are not available .*no C compiler"):
+            layer(torch.randn(4, 32))
+    finally:
+        build.reset()
