@@ -80,3 +80,24 @@ def test_a_forced_native_path_without_a_library_is_a_config_error(tmp_path, monk
             layer(torch.randn(4, 32))
     finally:
         build.reset()
+
+
+@needs_compiler
+@pytest.mark.parametrize("group,scale_dtype", [(32, "bf16"), (128, "f16"), (2, "f32")])
+@pytest.mark.parametrize("bias", [True, False])
+def test_native_int4_kernel_is_within_float32_rounding_of_the_reference(group, scale_dtype, bias):
+    from lowbit.ops import Int4WeightOnlyLinear
+
+    assert build.ensure() is not None
+    torch.manual_seed(1)
+    layer = Int4WeightOnlyLinear.from_float(torch.nn.Linear(256, 48, bias=bias), group_size=group, scale_dtype=scale_dtype)
+    x = torch.randn(20, 256)
+    exact = x.double() @ layer.dequantized_weight().double().t() + (layer.bias.double() if bias else 0)
+    layer.path = "native"
+    got = layer(x)
+    assert relative_error(got, exact) < 4 * 256 * 2.0**-24
+    try:
+        backend.set_backend("auto")
+        assert layer.choose_path(x) == "native"
+    finally:
+        backend.set_backend("eager")

@@ -10,6 +10,12 @@ import torch
 from lowbit.native.kernels import I64, INT, POINTER, function, threads
 
 _ARGUMENTS = [POINTER, POINTER, POINTER, POINTER, POINTER, I64, I64, I64, INT]
+_INT4_ARGUMENTS = [POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I64, I64, I64, I64, INT]
+
+
+def _fits(tensors: list[tuple[torch.Tensor, torch.dtype, int]]) -> bool:
+    return all(t.dtype == dtype and t.numel() == size and t.device.type == "cpu" and t.is_contiguous()
+               for t, dtype, size in tensors)  # fmt: skip
 
 
 def int8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -23,11 +29,35 @@ def int8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, bias:
     tensors = [(x, torch.float32, rows * inner), (codes, torch.int8, columns * inner), (scale, torch.float32, columns)]
     if bias is not None:
         tensors.append((bias, torch.float32, columns))
-    if any(t.dtype != dtype or t.numel() != size or t.device.type != "cpu" or not t.is_contiguous() for t, dtype, size in tensors):
+    if not _fits(tensors):
         return None
     if rows == 0 or inner == 0 or columns == 0:
         return None  # nothing to sum: the eager path says what that gives
     out = torch.empty(rows, columns)
     status = entry(x.data_ptr(), codes.data_ptr(), scale.data_ptr(), 0 if bias is None else bias.data_ptr(),
                    out.data_ptr(), rows, inner, columns, threads())  # fmt: skip
+    return out if status == 0 else None
+
+
+def int4_linear(x: torch.Tensor, packed: torch.Tensor, zero_point: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None, group: int) -> torch.Tensor | None:  # fmt: skip
+    """x [M, K] float32, packed nibbles [N, K / 2] uint8 (low first), zero_point [N, K / group] uint8, scale
+    [N, K / group] float32, bias [N] or None -> [M, N] float32; None where the kernel does not apply."""
+    entry = function("lb_int4_linear_f32", _INT4_ARGUMENTS, INT)
+    if entry is None or x.dim() != 2 or packed.dim() != 2 or group < 2 or group % 2:
+        return None
+    rows, inner = x.shape
+    columns = packed.shape[0]
+    if rows == 0 or columns == 0 or inner == 0 or inner % group:
+        return None
+    groups = columns * (inner // group)
+    tensors = [(x, torch.float32, rows * inner), (packed, torch.uint8, columns * inner // 2),
+               (zero_point, torch.uint8, groups), (scale, torch.float32, groups)]  # fmt: skip
+    if bias is not None:
+        tensors.append((bias, torch.float32, columns))
+    if not _fits(tensors):
+        return None
+    out = torch.empty(rows, columns)
+    status = entry(x.data_ptr(), packed.data_ptr(), zero_point.data_ptr(), scale.data_ptr(),
+                   0 if bias is None else bias.data_ptr(), out.data_ptr(), rows, inner, columns, group, threads())  # fmt: skip
     return out if status == 0 else None

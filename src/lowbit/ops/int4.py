@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from lowbit.errors import ConfigError, FormatError
+from lowbit.native import linear as native_linear
 from lowbit.ops import kernels
 from lowbit.ops.modules import WeightOnlyLinear, _check_linear, check_compute_dtype, register
 
@@ -68,8 +69,9 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
     """Paths of :class:`WeightOnlyLinear` with "int4pack" (bfloat16 activations; N a multiple of 16, groups of
     32 to 256) as the packed one."""
 
-    paths = ("auto", "reference", "int4pack", "dequantize", "dequantize_bf16")
+    paths = ("auto", "reference", "int4pack", "dequantize", "dequantize_bf16", "native")
     packed_path = "int4pack"
+    has_native = True
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, group_size: int = 32,
                  scale_dtype: str = "bf16", compute_dtype: str | None = None) -> None:  # fmt: skip
@@ -122,6 +124,11 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
         """The int4pack kernel's shape rules (N a multiple of 16, groups of 32 to 256) and availability."""
         fits = self.group_size in (32, 64, 128, 256) and self.out_features % 16 == 0
         return fits and kernels.int4pack_available()
+
+    def run_native(self, rows: torch.Tensor) -> torch.Tensor | None:
+        scale = self.derived("float_scale", lambda: self.weight_scale.float().contiguous())
+        return native_linear.int4_linear(rows, self.weight_codes, self.weight_zero_point, scale, self.bias,
+                                         self.group_size)  # fmt: skip
 
     def run_packed(self, rows: torch.Tensor) -> torch.Tensor:
         if not self.packed_fits():

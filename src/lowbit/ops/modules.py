@@ -173,9 +173,21 @@ class WeightOnlyLinear(RealQuantLinear):
     def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
         return F.linear(rows, self.dequantized_weight(), self.bias)
 
+    def run_native(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """The float32 native kernel's result (contiguous float32 rows), None where it does not apply."""
+        raise NotImplementedError
+
     def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
         if path == self.packed_path:
             return self.run_packed(rows)
+        if path == "native":
+            if native_ensure() is None:  # a forced path builds the library if need be, whatever the backend
+                raise ConfigError(f"{type(self).__name__}.path='native': the native kernels are not available "
+                                  f"({native_error() or 'LOWBIT_NATIVE=0'})")  # fmt: skip
+            out = self.run_native(rows.contiguous())
+            if out is not None:
+                return out
+            path = "dequantize"  # buffers the kernel does not take (moved off the CPU)
         dtype = torch.bfloat16 if path == "dequantize_bf16" else torch.float32
         return dequantized_linear(rows, self.dequantized_weight, self.out_features, self.in_features, self.bias, dtype)
 
@@ -323,11 +335,5 @@ class Int8WeightOnlyLinear(_Int8WeightLinear, WeightOnlyLinear):
     def run_packed(self, rows: torch.Tensor) -> torch.Tensor:
         return self._add_bias(kernels.int8pack_linear(rows, self.weight_codes, self.weight_scale))
 
-    def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
-        if path != "native":
-            return super().run_path(path, rows)
-        if native_ensure() is None:  # a forced path builds the library if need be, whatever the backend
-            raise ConfigError(f"{type(self).__name__}.path='native': the native kernels are not available "
-                              f"({native_error() or 'LOWBIT_NATIVE=0'})")  # fmt: skip
-        out = native_linear.int8_linear(rows.contiguous(), self.weight_codes, self.weight_scale, self.bias)
-        return super().run_path("dequantize", rows) if out is None else out  # None: buffers moved off the CPU
+    def run_native(self, rows: torch.Tensor) -> torch.Tensor | None:
+        return native_linear.int8_linear(rows, self.weight_codes, self.weight_scale, self.bias)
