@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler 
 FLOAT_GRID_CASES = {"minifloat-ieee-e4m3", "minifloat-denorm-e4m3"}
 INTEGER_CASES = {"integer-8-4", "fixed-6-2", "integer-unsigned", "affine-given", "affine-minmax", "affine-sym-axis0",
                  "affine-pow2-block", "q8s", "q4s", "q2s", "q8f", "q4f", "q2f", "q4s-block-bf16"}  # fmt: skip
-SIGN_AND_LOG_CASES: set[str] = set()  # log / binary / ternary
+SIGN_AND_LOG_CASES = {"log-8-63", "binary-bipolar", "binary-scaled", "binary-residual", "ternary-twn-scaled",
+                      "ternary-threshold", "ternary-given-alpha"}  # log / binary / ternary
 BLOCK_CASES = {"e5m2", "e4m3", "e3m2", "e2m3", "e2m1", "e2m1-block32", "e4m3-given-scale", "block-fp", "block-minifloat",
                "mxint8", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1"}  # OCP, block, MX
 NATIVE_CASES = FLOAT_GRID_CASES | INTEGER_CASES | SIGN_AND_LOG_CASES | BLOCK_CASES

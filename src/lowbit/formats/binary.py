@@ -37,6 +37,7 @@ from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_given
 from lowbit.formats._base import is_number
 from lowbit.formats._registry import register
 from lowbit.formats.blocking import apply_blockwise, block_shape, given_per_axis, scaled_bits_per_element
+from lowbit.native import sign_log
 
 
 _COUNTED_GRID_SIZE = 16
@@ -121,6 +122,11 @@ class Binary(FormatSpec):
             return self._binarize(x, given_alpha(self, x), generator)
         block = block_shape(x.shape, None, self.axis)
         return apply_blockwise(x, block, lambda b, dims: self._binarize(b, self._scale(b, dims), generator))
+
+    def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
+        if self.stochastic:
+            return None
+        return sign_log.binary(x, self.axis, self.bipolar, self.scaling_factor, self.alpha)
 
     def _scale(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         """alpha per block: the least-squares scale of the signs this format will choose."""
@@ -253,3 +259,7 @@ class BinaryResidual(FormatSpec):
                     index = index - (x == m).to(torch.int64)
         out = values.take(index)  # not values[index]: a 0-d index tensor would be read back as a Python int
         return torch.where(torch.isnan(x), x, out)
+
+    def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
+        rounded, above = self._midpoints[torch.float32]
+        return sign_log.residual(x, rounded, above, self._grids[torch.float32])

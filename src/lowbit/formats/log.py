@@ -33,6 +33,7 @@ from lowbit.formats._base import FormatSpec, check_bool, check_int, check_option
 from lowbit.formats._registry import register
 from lowbit.formats._float_grid import exact_pow2, floor_log2
 from lowbit.formats.rounding import round_to_integer
+from lowbit.native import sign_log
 
 # Exponents must stay inside float64 (subnormals included) so that value_set() and float64 inputs are exact.
 FLOAT64_MIN_EXPONENT = -1074
@@ -246,3 +247,7 @@ class Log(FormatSpec):
         return round_to_power_of_two(
             x, self.min_exponent, self.max_exponent, self.rounding, generator, self.log_domain
         )
+
+    def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
+        below_sqrt2 = _largest_float_below_sqrt2(torch.float32)
+        return sign_log.log(x, self.min_exponent, self.max_exponent, self.rounding, self.log_domain, below_sqrt2)

@@ -33,6 +33,7 @@ from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_float
 from lowbit.formats._registry import register
 from lowbit.formats.binary import check_given_alpha, given_alpha, masked_mean, mean_abs
 from lowbit.formats.blocking import apply_blockwise, block_shape, can_branch_on_data, scaled_bits_per_element
+from lowbit.native import sign_log
 
 # Threshold = factor * |statistic|, tried in this order (seed 002 / MASE 2023 priorities).
 STATISTIC_FACTORS: tuple[tuple[str, float], ...] = (("mean", 0.75), ("median", 0.75), ("max", 0.05))
@@ -101,6 +102,9 @@ class Ternary(FormatSpec):
             return apply_blockwise(x, block, self._ternarize)
         signs = apply_blockwise(x, block, self._signs)  # delta by the usual rule; the scale is frozen
         return torch.where(torch.isnan(x), x, signs * given_alpha(self, x))
+
+    def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
+        return sign_log.ternary(x, self.axis, self.fixed_threshold, self.scaling_factor, self.alpha)
 
     def _signs(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         """-1, 0 or +1 per element by the threshold delta (given, from statistics, or TWN per block)."""

@@ -1,0 +1,466 @@
+/* Sign and logarithmic formats (formats/log.py, binary.py, ternary.py): element passes, and the per-group
+ * statistics (mean |x| and friends) that binary / ternary scales and thresholds come from.
+ *
+ * Groups: x is viewed as [outer, groups, inner] and a group is one index of the middle dimension (per
+ * tensor: groups = 1; per channel on an axis: groups = that dimension's length).
+ *
+ * The eager statistics sum float32 terms f32(m / unit) in float64 in torch's order, then round the mean to
+ * float32. A sum in another order can differ in its last bits, so the mean here is certified instead: every
+ * float64 sum of n nonnegative terms, in any order, is within (n - 1) u of the exact sum (u = 2^-53); ours
+ * is too (with our own depth), so when the float32 rounding of the whole interval of possible quotients is
+ * one float, that float is torch's result. Otherwise (rare: the quotient lies next to a float32 midpoint)
+ * the caller takes the eager path. */
+#include <float.h>
+#include <stdlib.h>
+#include "common.h"
+
+/* ---------------------------------------------------------------- log: powers of two ------------------- */
+
+/* formats/_float_grid.exact_pow2 for float32: exponents below the normal range are built 64 binades up and
+ * scaled down (so 2^-150 rounds to 0 as there), above it inf. */
+static inline float log_pow2(int32_t e) {
+    int low = e < -126;
+    int32_t shifted = low ? e + 64 : e;
+    shifted = shifted < -127 ? -127 : (shifted > 128 ? 128 : shifted);
+    float power = lb_float((uint32_t)(shifted + 127) << 23), lowered = power * 0x1p-64f; /* both: vectorises */
+    return low ? lowered : power;
+}
+
+/* The mode that rounds a magnitude of a negative value (round_to_power_of_two's _MAGNITUDE_MODES). */
+static inline int log_negative_mode(int mode) {
+    switch (mode) {
+    case LB_UP: return LB_DOWN;
+    case LB_DOWN: return LB_UP;
+    case LB_NEAREST_UP: return LB_NEAREST_DOWN;
+    case LB_NEAREST_DOWN: return LB_NEAREST_UP;
+    default: return mode;
+    }
+}
+
+typedef struct {
+    const float *x;
+    float *out;
+    int32_t min_exponent, top_code;
+    float below_sqrt2; /* the largest float32 below sqrt(2) */
+    int log_domain, mode;
+} log_job;
+
+/* round_to_power_of_two for one float32, its operations in the same order. Tests on the magnitude are done
+ * on its bits (integer selects on float compares keep GCC from vectorising). */
+static inline float log_value(float v, int32_t min_exponent, int32_t top_code, float below_sqrt2, int log_domain,
+                              int mode) {
+    uint32_t bits = lb_bits(v) & 0x7fffffffu;
+    int finite = bits < 0x7f800000u, subnormal = bits < 0x00800000u;
+    float magnitude = finite ? lb_float(bits) : 0.0f;
+    uint32_t kept = finite ? bits : 0u; /* magnitude's bits */
+    int nonzero = kept != 0u;
+    float raised = magnitude * 0x1p64f; /* computed for every lane: a conditional product does not vectorise */
+    uint32_t scaled = subnormal ? lb_bits(raised) : kept;
+    int32_t exponent = ((int32_t)(scaled >> 23) - 126 - 64 * subnormal) & -nonzero;
+    /* mantissa = magnitude / 2^exponent in [0.5, 1): the scaled value's bits with the exponent field of 0.5 */
+    float mantissa = nonzero ? lb_float((scaled & 0x007fffffu) | 0x3f000000u) : 0.0f;
+    int32_t above_smallest = exponent - min_exponent; /* > 0 at and above 2^min_exponent */
+    int32_t lower_code = (above_smallest > 0 ? above_smallest : 0) & -nonzero;
+    int below = lower_code == 0; /* zero, or under 2^min_exponent */
+    float fraction = 2.0f * mantissa - 1.0f;
+    if (log_domain) fraction = 2.0f * mantissa > below_sqrt2 ? 1.0f : 0.0f;
+    int32_t shift = above_smallest < 0 ? above_smallest : 0;
+    float small = mantissa * log_pow2(shift);
+    small = nonzero ? (small < FLT_MIN ? FLT_MIN : small) : small;
+    fraction = below ? small : fraction;
+    float parity = (float)(lower_code & 1);
+    float position = parity + fraction;
+    float negative = lb_round(position, log_negative_mode(mode)), positive = lb_round(position, mode);
+    float rounded = v < 0.0f ? negative : positive;
+    int32_t code = lower_code + (int32_t)(rounded - parity);
+    code = code < top_code ? code : top_code;
+    code = bits == 0x7f800000u ? top_code : code;
+    float power = log_pow2(min_exponent + code - 1);
+    float value = copysignf(code == 0 ? 0.0f : power, v);
+    return v != v ? v : value;
+}
+
+/* log_value where -125 <= min_exponent <= 126 (the caller checks): every power is a normal float32, so the
+ * same decisions come from the bits with fewer steps (and this loop vectorises). */
+static inline float log_value_normal(float v, int32_t min_exponent, int32_t top_code, float below_sqrt2,
+                                     int log_domain, int mode) {
+    uint32_t bits = lb_bits(v) & 0x7fffffffu;
+    /* inf (and NaN, whose result is replaced) as the largest float: it rounds to the top code as inf must */
+    uint32_t kept = bits < 0x7f7fffffu ? bits : 0x7f7fffffu;
+    int32_t lower_code = (int32_t)(kept >> 23) - 126 - min_exponent;
+    lower_code = lower_code > 0 ? lower_code : 0; /* 0 under 2^min_exponent */
+    float doubled = lb_float(0x3f800000u | (kept & 0x007fffffu)); /* 2 * mantissa, in [1, 2) */
+    float fraction = log_domain ? (doubled > below_sqrt2 ? 1.0f : 0.0f) : doubled - 1.0f;
+    /* |x| / 2^min_exponent, rounded once as mantissa * 2^shift is; anything under the smallest normal becomes
+     * it (the eager clamp), so fractions that the eager power 2^shift flushes to 0 agree too */
+    float small = lb_float(kept) * lb_float((uint32_t)(127 - min_exponent) << 23);
+    small = small < FLT_MIN ? FLT_MIN : small;
+    small = kept == 0u ? 0.0f : small;
+    fraction = lower_code == 0 ? small : fraction;
+    float parity = (float)(lower_code & 1);
+    float position = parity + fraction;
+    float negative = lb_round(position, log_negative_mode(mode)), positive = lb_round(position, mode);
+    float rounded = v < 0.0f ? negative : positive;
+    int32_t code = lower_code + (int32_t)(rounded - parity);
+    code = code < top_code ? code : top_code;
+    float power = lb_float((uint32_t)(min_exponent + code - 1 + 127) << 23);
+    float value = copysignf(code == 0 ? 0.0f : power, v);
+    return v != v ? v : value;
+}
+
+#define LOG_LOOP(MODE) \
+    if (normal && log_domain) \
+        for (int64_t i = begin; i < end; i++) out[i] = log_value_normal(x[i], min_exponent, top_code, below_sqrt2, 1, MODE); \
+    else if (normal) \
+        for (int64_t i = begin; i < end; i++) out[i] = log_value_normal(x[i], min_exponent, top_code, below_sqrt2, 0, MODE); \
+    else if (log_domain) \
+        for (int64_t i = begin; i < end; i++) out[i] = log_value(x[i], min_exponent, top_code, below_sqrt2, 1, MODE); \
+    else \
+        for (int64_t i = begin; i < end; i++) out[i] = log_value(x[i], min_exponent, top_code, below_sqrt2, 0, MODE)
+
+static void log_range(const void *context, int64_t begin, int64_t end) {
+    const log_job *job = context;
+    const float *x = job->x;
+    float *out = job->out;
+    int32_t min_exponent = job->min_exponent, top_code = job->top_code;
+    float below_sqrt2 = job->below_sqrt2;
+    int log_domain = job->log_domain, normal = min_exponent >= -125 && min_exponent <= 126;
+    LB_FOR_EACH_MODE(job->mode, LOG_LOOP)
+}
+
+/* log_domain only for the nearest modes (the caller passes 0 otherwise). */
+void lb_log_f32(const float *x, float *out, int64_t n, int min_exponent, int top_code, float below_sqrt2,
+                int log_domain, int mode, int threads) {
+    log_job job = {x, out, min_exponent, top_code, below_sqrt2, log_domain, mode};
+    lb_parallel(n, 16, threads, log_range, &job);
+}
+
+/* ---------------------------------------------------------------- group statistics --------------------- */
+
+enum { SELECT_NOT_NAN, SELECT_POSITIVE, SELECT_ABOVE };
+#define PIECE 65536 /* elements a thread sums alone (more when there are many groups) */
+
+/* Per piece (PIECE elements, one thread) and group: the largest kept magnitude (pass 1), then the count,
+ * the smallest selected magnitude and the float64 sum of f32(kept / unit) (pass 2). */
+typedef struct {
+    const float *x;
+    int64_t n, groups, inner, pieces, piece;
+    int select, pass;
+    const float *delta, *unit; /* per group */
+    float *top, *bottom, *least; /* [pieces][groups]; least: the smallest nonzero term */
+    int64_t *count;
+    double *sum;
+} stats_job;
+
+/* The magnitude a selection keeps, or 0 for an element it leaves out (binary.masked_mean's `kept`):
+ * mean_abs keeps every non-NaN (inf as 0), the unipolar scale the finite positives, the ternary scale the
+ * finite magnitudes above delta. */
+static inline float stats_kept(float v, int select, float delta, int *selected) {
+    float magnitude = fabsf(v);
+    switch (select) {
+    case SELECT_NOT_NAN: *selected = v == v; return magnitude <= FLT_MAX ? magnitude : 0.0f;
+    case SELECT_POSITIVE: *selected = v > 0.0f && v <= FLT_MAX; return *selected ? v : 0.0f;
+    default: *selected = magnitude > delta && magnitude <= FLT_MAX; return *selected ? magnitude : 0.0f;
+    }
+}
+
+#define STATS_TOP(SELECT) \
+    for (int64_t i = 0; i < length; i++) { \
+        int selected; \
+        float kept = stats_kept(x[i], SELECT, delta, &selected); \
+        high = kept > high ? kept : high; \
+    }
+#define STATS_SUM_ONE(SELECT, k, v) \
+    do { \
+        int selected; \
+        float kept = stats_kept(v, SELECT, delta, &selected), term = kept / unit; \
+        lanes[k] += (double)term; \
+        low[k] = selected && kept < low[k] ? kept : low[k]; \
+        least[k] = term > 0.0f && term < least[k] ? term : least[k]; \
+        counts[k] += selected; \
+    } while (0)
+#define STATS_SUM(SELECT) \
+    for (; i + 8 <= length; i += 8) \
+        for (int k = 0; k < 8; k++) STATS_SUM_ONE(SELECT, k, x[i + k]); \
+    for (; i < length; i++) STATS_SUM_ONE(SELECT, 0, x[i]);
+#define STATS_SELECT(SELECT_BODY) \
+    switch (job->select) { \
+    case SELECT_NOT_NAN: SELECT_BODY(SELECT_NOT_NAN); break; \
+    case SELECT_POSITIVE: SELECT_BODY(SELECT_POSITIVE); break; \
+    default: SELECT_BODY(SELECT_ABOVE); break; \
+    }
+
+/* One group's run x[0..length) into the slot s. */
+static void stats_run(const stats_job *job, const float *x, int64_t length, int64_t group, int64_t s) {
+    float delta = job->delta[group];
+    if (job->pass == 1) {
+        float high = job->top[s];
+        STATS_SELECT(STATS_TOP)
+        job->top[s] = high;
+        return;
+    }
+    float unit = job->unit[group], low[8], least[8];
+    double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t counts[8] = {0, 0, 0, 0, 0, 0, 0, 0}, i = 0;
+    for (int k = 0; k < 8; k++) low[k] = least[k] = INFINITY;
+    STATS_SELECT(STATS_SUM)
+    job->sum[s] += ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    for (int k = 0; k < 8; k++) {
+        job->count[s] += counts[k];
+        job->bottom[s] = low[k] < job->bottom[s] ? low[k] : job->bottom[s];
+        job->least[s] = least[k] < job->least[s] ? least[k] : job->least[s];
+    }
+}
+
+static void stats_range(const void *context, int64_t begin, int64_t end) {
+    const stats_job *job = context;
+    for (int64_t start = begin; start < end; start += job->piece) {
+        int64_t stop = start + job->piece < end ? start + job->piece : end, slot = (start / job->piece) * job->groups;
+        for (int64_t i = start; i < stop;) {
+            int64_t group = (i / job->inner) % job->groups, run_end = stop;
+            if (job->groups > 1) run_end = job->inner > 1 ? (i / job->inner + 1) * job->inner : i + 1;
+            run_end = run_end < stop ? run_end : stop;
+            stats_run(job, job->x + i, run_end - i, group, slot + group);
+            i = run_end;
+        }
+    }
+}
+
+typedef struct {
+    stats_job job;
+    void *memory;
+} group_stats;
+
+static int stats_open(group_stats *stats, const float *x, int64_t outer, int64_t groups, int64_t inner) {
+    int64_t n = outer * groups * inner, piece = PIECE, pieces = (n + piece - 1) / piece;
+    while (pieces * groups > (1 << 20)) piece *= 2, pieces = (n + piece - 1) / piece;
+    int64_t slots = pieces * groups;
+    size_t bytes = (size_t)slots * (3 * sizeof(float) + sizeof(int64_t) + sizeof(double)) + 2 * (size_t)groups * sizeof(float);
+    char *memory = malloc(bytes);
+    if (!memory) return 0;
+    stats_job *job = &stats->job;
+    stats->memory = memory;
+    job->x = x, job->n = n, job->groups = groups, job->inner = inner, job->pieces = pieces, job->piece = piece;
+    job->sum = (double *)memory;
+    job->count = (int64_t *)(job->sum + slots);
+    job->top = (float *)(job->count + slots);
+    job->bottom = job->top + slots;
+    job->least = job->bottom + slots;
+    return 1;
+}
+
+/* Pass 1 over the selection: unit[g] = the group's largest kept magnitude, or 1 where it is 0; the largest
+ * itself into top[g] (each array: one float per group). */
+static void stats_tops(group_stats *stats, int select, const float *delta, float *top, float *unit, int threads) {
+    stats_job *job = &stats->job;
+    int64_t slots = job->pieces * job->groups;
+    for (int64_t s = 0; s < slots; s++) job->top[s] = 0.0f;
+    job->select = select, job->pass = 1, job->delta = delta;
+    lb_parallel(job->n, job->piece, threads, stats_range, job);
+    for (int64_t g = 0; g < job->groups; g++) {
+        float high = 0.0f;
+        for (int64_t p = 0; p < job->pieces; p++) high = job->top[p * job->groups + g] > high ? job->top[p * job->groups + g] : high;
+        top[g] = high;
+        unit[g] = high > 0.0f ? high : 1.0f;
+    }
+}
+
+/* masked_mean's float32 result from our float64 sum of `count` terms in (0, 1], or 0 when not certain.
+ * Terms that are all multiples of 2^q with count <= 2^(53 + q) add exactly in every order (no partial sum
+ * needs more than 53 bits); otherwise both sums are within (terms + depth) u of the exact one. */
+static int certified_mean(double sum, int64_t count, int64_t depth, float least, float unit, float *mean) {
+    int32_t field = (int32_t)(lb_bits(least) >> 23);
+    int32_t quantum = field == 0 ? -149 : field - 127 - 23; /* least's last mantissa bit */
+    int exact = (double)count <= ldexp(1.0, 53 + quantum);
+    double divisor = (double)(count > 1 ? count : 1), quotient = sum / divisor;
+    double spread = exact ? 0.0 : (double)(count + depth + 16) * 0x1p-52;
+    float low = (float)(quotient * (1.0 - spread)), high = (float)(quotient * (1.0 + spread));
+    if (low != high) return 0;
+    *mean = unit * low;
+    return 1;
+}
+
+/* Pass 2: mean[g] = binary.masked_mean of the selection, from the groups' tops and units of pass 1 (for
+ * SELECT_ABOVE those of SELECT_NOT_NAN: the same wherever something is above delta). 0 when a mean is not
+ * certain, or is 0 over a nonempty selection (eager paths then differ in the sign of zeros). */
+static int stats_means(group_stats *stats, int select, const float *delta, const float *top, const float *unit,
+                       float *mean, int zero_ok, int threads) {
+    stats_job *job = &stats->job;
+    int64_t slots = job->pieces * job->groups;
+    for (int64_t s = 0; s < slots; s++) job->sum[s] = 0.0, job->count[s] = 0, job->bottom[s] = job->least[s] = INFINITY;
+    job->select = select, job->pass = 2, job->delta = delta, job->unit = unit;
+    lb_parallel(job->n, job->piece, threads, stats_range, job);
+    int64_t depth = (job->n < job->piece ? job->n : job->piece) + job->pieces;
+    for (int64_t g = 0; g < job->groups; g++) {
+        double total = 0.0;
+        int64_t count = 0;
+        float bottom = INFINITY, least = INFINITY;
+        for (int64_t p = 0; p < job->pieces; p++) {
+            int64_t s = p * job->groups + g;
+            total += job->sum[s], count += job->count[s];
+            bottom = job->bottom[s] < bottom ? job->bottom[s] : bottom;
+            least = job->least[s] < least ? job->least[s] : least;
+        }
+        float high = count > 0 ? top[g] : 0.0f;
+        if (count == 0) mean[g] = 0.0f;
+        else if (high == bottom) mean[g] = high;
+        else if (!certified_mean(total, count, depth, least, unit[g], &mean[g])) return 0;
+        if (!zero_ok && count > 0 && mean[g] == 0.0f) return 0;
+    }
+    return 1;
+}
+
+/* ---------------------------------------------------------------- element passes ----------------------- */
+
+enum { ELEMENT_TERNARY, ELEMENT_BIPOLAR, ELEMENT_UNIPOLAR };
+
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t groups, inner;
+    int kind;
+    const float *delta, *value; /* per group: ternary threshold; the scale (1 unscaled) */
+} element_job;
+
+static inline float element_value(float v, int kind, float delta, float value) {
+    float result;
+    if (kind == ELEMENT_TERNARY) /* (x > delta) - (x < -delta), times the scale */
+        result = ((float)(v > delta) - (float)(v < -delta)) * value;
+    else if (kind == ELEMENT_BIPOLAR)
+        result = v >= 0.0f ? value : -1.0f * value;
+    else
+        result = v > 0.0f ? value : 0.0f * value;
+    return v != v ? v : result;
+}
+
+#define ELEMENT_RUN(KIND) \
+    for (int64_t k = 0; k < length; k++) out[k] = element_value(x[k], KIND, job->delta[g], job->value[g])
+#define ELEMENT_ROW(KIND) \
+    for (int64_t k = 0; k < length; k++) out[k] = element_value(x[k], KIND, job->delta[g + k], job->value[g + k])
+
+static void element_range(const void *context, int64_t begin, int64_t end) {
+    const element_job *job = context;
+    for (int64_t i = begin; i < end;) {
+        int64_t g = (i / job->inner) % job->groups, length;
+        const float *x = job->x + i;
+        float *out = job->out + i;
+        if (job->groups == 1 || job->inner > 1) { /* one group over the run */
+            int64_t run_end = job->groups == 1 ? end : (i / job->inner + 1) * job->inner;
+            length = (run_end < end ? run_end : end) - i;
+            switch (job->kind) {
+            case ELEMENT_TERNARY: ELEMENT_RUN(ELEMENT_TERNARY); break;
+            case ELEMENT_BIPOLAR: ELEMENT_RUN(ELEMENT_BIPOLAR); break;
+            default: ELEMENT_RUN(ELEMENT_UNIPOLAR); break;
+            }
+        } else { /* inner == 1: consecutive elements, consecutive groups up to the row's end */
+            int64_t run_end = i - g + job->groups;
+            length = (run_end < end ? run_end : end) - i;
+            switch (job->kind) {
+            case ELEMENT_TERNARY: ELEMENT_ROW(ELEMENT_TERNARY); break;
+            case ELEMENT_BIPOLAR: ELEMENT_ROW(ELEMENT_BIPOLAR); break;
+            default: ELEMENT_ROW(ELEMENT_UNIPOLAR); break;
+            }
+        }
+        i += length;
+    }
+}
+
+/* kind: ELEMENT_*; delta and value: one float32 per group. */
+void lb_sign_elements_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, int kind,
+                          const float *delta, const float *value, int threads) {
+    element_job job = {x, out, groups, inner, kind, delta, value};
+    int64_t grain = groups == 1 ? 16 : (inner > 1 ? inner : groups);
+    lb_parallel(outer * groups * inner, grain, threads, element_range, &job);
+}
+
+/* ---------------------------------------------------------------- binary_residual ---------------------- */
+
+#define RESIDUAL_MAX_POINTS 32
+
+typedef struct {
+    const float *x;
+    float *out;
+    int points;
+    float midpoints[RESIDUAL_MAX_POINTS], values[RESIDUAL_MAX_POINTS + 1];
+    int above[RESIDUAL_MAX_POINTS];
+} residual_job;
+
+/* The index of the nearest value = the number of exact midpoints <= x (a rounded midpoint whose exact one
+ * lies above it counts only when x is past it). */
+static void residual_range(const void *context, int64_t begin, int64_t end) {
+    const residual_job *job = context;
+    for (int64_t i = begin; i < end; i++) {
+        float v = job->x[i];
+        int index = 0;
+        for (int p = 0; p < job->points; p++)
+            index += job->above[p] ? v > job->midpoints[p] : v >= job->midpoints[p];
+        job->out[i] = v != v ? v : job->values[index];
+    }
+}
+
+/* points <= RESIDUAL_MAX_POINTS midpoints (ascending), points + 1 values. */
+void lb_residual_f32(const float *x, float *out, int64_t n, int points, const float *midpoints,
+                     const int *above, const float *values, int threads) {
+    residual_job job;
+    job.x = x, job.out = out, job.points = points;
+    for (int p = 0; p < points; p++) job.midpoints[p] = midpoints[p], job.above[p] = above[p];
+    for (int p = 0; p <= points; p++) job.values[p] = values[p];
+    lb_parallel(n, 16, threads, residual_range, &job);
+}
+
+/* ---------------------------------------------------------------- whole formats ------------------------ */
+
+/* formats/ternary.py: delta = threshold (fixed) or 0.75 mean |x| per group (TWN); the value is the given
+ * alpha[g], the TWN scale (scaled) or 1. *status: 1, or 0 where the eager path must run (see stats_means). */
+void lb_ternary_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, int fixed,
+                    float threshold, int scaled, const float *alpha, int threads, int *status) {
+    group_stats stats = {.memory = NULL};
+    int needs_stats = !fixed || (scaled && !alpha);
+    float *arrays = calloc(5 * (size_t)groups, sizeof(float));
+    *status = 0;
+    if (!arrays || (needs_stats && !stats_open(&stats, x, outer, groups, inner))) { free(arrays); return; }
+    float *delta = arrays, *value = delta + groups, *top = value + groups, *unit = top + groups, *mean = unit + groups;
+    int ok = 1, have_tops = 0;
+    if (fixed) {
+        for (int64_t g = 0; g < groups; g++) delta[g] = threshold;
+    } else {
+        stats_tops(&stats, SELECT_NOT_NAN, delta, top, unit, threads), have_tops = 1;
+        ok = stats_means(&stats, SELECT_NOT_NAN, delta, top, unit, mean, 1, threads);
+        for (int64_t g = 0; g < groups; g++) delta[g] = 0.75f * mean[g];
+    }
+    if (ok && alpha) {
+        for (int64_t g = 0; g < groups; g++) value[g] = alpha[g];
+    } else if (ok && scaled) {
+        if (!have_tops) stats_tops(&stats, SELECT_NOT_NAN, delta, top, unit, threads);
+        ok = stats_means(&stats, SELECT_ABOVE, delta, top, unit, value, 0, threads);
+    } else {
+        for (int64_t g = 0; g < groups; g++) value[g] = 1.0f;
+    }
+    if (ok) lb_sign_elements_f32(x, out, outer, groups, inner, ELEMENT_TERNARY, delta, value, threads);
+    free(stats.memory), free(arrays);
+    *status = ok;
+}
+
+/* formats/binary.py (deterministic): the value is the given alpha[g], mean |x| (bipolar) or the mean of the
+ * finite positives (unipolar) per group when scaled, or 1. *status: 1, or 0 where the eager path must run. */
+void lb_binary_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, int bipolar,
+                   int scaled, const float *alpha, int threads, int *status) {
+    group_stats stats = {.memory = NULL};
+    float *arrays = calloc(3 * (size_t)groups, sizeof(float));
+    *status = 0;
+    if (!arrays || (scaled && !alpha && !stats_open(&stats, x, outer, groups, inner))) { free(arrays); return; }
+    float *value = arrays, *top = value + groups, *unit = top + groups;
+    int ok = 1, select = bipolar ? SELECT_NOT_NAN : SELECT_POSITIVE;
+    if (alpha) {
+        for (int64_t g = 0; g < groups; g++) value[g] = alpha[g];
+    } else if (scaled) {
+        stats_tops(&stats, select, value, top, unit, threads);
+        ok = stats_means(&stats, select, value, top, unit, value, 1, threads);
+    } else {
+        for (int64_t g = 0; g < groups; g++) value[g] = 1.0f;
+    }
+    if (ok) lb_sign_elements_f32(x, out, outer, groups, inner, bipolar ? ELEMENT_BIPOLAR : ELEMENT_UNIPOLAR,
+                                 value, value, threads);
+    free(stats.memory), free(arrays);
+    *status = ok;
+}

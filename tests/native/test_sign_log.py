@@ -1,0 +1,182 @@
+"""The native log / binary / binary_residual / ternary kernels (csrc/sign_log.c) give the eager path's bits on
+the parameter variants the shared case table leaves out: other biases and widths, log-domain rounding in
+every mode, per-channel statistics on every axis, given scales, thresholds from statistics, non-finite data,
+0-d and multi-threaded tensors; and they decline (None) where they do not apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lowbit
+from helpers import DETERMINISTIC
+from lowbit.native import build
+
+pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library():
+    assert build.ensure() is not None, build.error()
+
+
+def patterns(shape, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    bits = torch.randint(-(2**31), 2**31, shape, dtype=torch.int64, generator=generator)
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def finite(shape, seed: int, scale: float = 8.0) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def with_specials(x: torch.Tensor) -> torch.Tensor:
+    x = x.clone()
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 1e-45, -3e-39])
+    x.view(-1)[: specials.numel()] = specials
+    return x
+
+
+def assert_native_equals_eager(spec, x: torch.Tensor) -> None:
+    got = spec._native(x.contiguous(), torch.float32)
+    assert got is not None, f"{spec.describe()} did not run natively"
+    want = spec._quantize_in_dtype(x, None)
+    assert got.shape == want.shape
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    mismatch = (got.view(torch.int32) != want.view(torch.int32)) & ~nan
+    assert not mismatch.any(), f"{int(mismatch.sum())} differ: {got[mismatch][:4]} vs {want[mismatch][:4]}"
+
+
+def log_inputs(spec) -> list[torch.Tensor]:
+    values = spec.value_set().float()
+    middles = ((values[1:].double() + values[:-1].double()) / 2).float()
+    probes = torch.cat([values, middles, torch.nextafter(middles, values[1:]), torch.nextafter(middles, values[:-1])])
+    # 2^(k + 1/2) neighbours: the log-domain decision points
+    exponents = torch.arange(-140, 128, dtype=torch.float64)
+    roots = (2.0 ** (exponents + 0.5)).float()
+    roots = torch.cat([roots, torch.nextafter(roots, torch.zeros_like(roots)), torch.nextafter(roots, roots * 2)])
+    return [patterns((64, 96), 1), finite((37, 70), 2) * torch.logspace(-30, 30, 70), probes, -probes, roots, -roots]
+
+
+LOG_PARAMS = [
+    {"width": 8}, {"width": 4}, {"width": 2}, {"width": 11}, {"width": 5, "exponent_bias": 1},
+    {"width": 6, "exponent_bias": 150}, {"width": 3, "exponent_bias": -60}, {"width": 11, "exponent_bias": 1075},
+    {"width": 7, "exponent_bias": 40},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("params", LOG_PARAMS, ids=str)
+@pytest.mark.parametrize("log_domain", [False, True])
+@pytest.mark.parametrize("rounding", DETERMINISTIC)
+def test_log_in_every_mode_bias_and_domain(params, log_domain, rounding):
+    spec = lowbit.get_format("log")(**params, log_domain=log_domain, rounding=rounding)
+    for x in log_inputs(spec):
+        assert_native_equals_eager(spec, x)
+
+
+def test_log_declines_stochastic_rounding_and_exponents_float32_cannot_reach():
+    log = lowbit.get_format("log")
+    x = finite((8, 8), 3)
+    assert log(width=8, rounding="stochastic")._native(x, torch.float32) is None
+    assert log(width=2, exponent_bias=-500)._native(x, torch.float32) is None  # smallest power 2^501
+
+
+SIGN_SHAPES = [(48, 80), (3, 17, 20), (7,), (1, 33)]
+
+
+def binary_specs():
+    binary = lowbit.get_format("binary")
+    for bipolar in (True, False):
+        yield binary(bipolar=bipolar)
+        yield binary(bipolar=bipolar, scaling_factor=True)
+        for axis in (0, -1, 1):
+            yield binary(bipolar=bipolar, scaling_factor=True, axis=axis)
+        yield binary(bipolar=bipolar, scaling_factor=True, alpha=0.37)
+
+
+@pytest.mark.parametrize("spec", list(binary_specs()), ids=lambda s: s.describe())
+@pytest.mark.parametrize("shape", SIGN_SHAPES, ids=str)
+def test_binary_variants(spec, shape):
+    if spec.axis is not None and spec.axis not in range(-len(shape), len(shape)):
+        pytest.skip("axis outside this rank")  # the eager path raises; test_invalid_axes_take_the_eager_path
+    for seed, x in enumerate([finite(shape, 4), with_specials(finite(shape, 5)), patterns(shape, 6), finite(shape, 7) * 0]):
+        assert_native_equals_eager(spec, x)
+
+
+def test_binary_given_alpha_per_channel_and_stochastic():
+    binary = lowbit.get_format("binary")
+    x = with_specials(finite((5, 24), 8))
+    assert_native_equals_eager(binary(scaling_factor=True, axis=0, alpha=(0.5, 1.0, 2.0, 0.25, 3.0)), x)
+    assert_native_equals_eager(binary(bipolar=False, scaling_factor=True, axis=-1, alpha=tuple(range(1, 25))), x)
+    assert binary(stochastic=True, scaling_factor=True)._native(x, torch.float32) is None
+    assert binary(scaling_factor=True, axis=0, alpha=(1.0, 2.0))._native(x, torch.float32) is None  # wrong count
+
+
+def ternary_specs():
+    ternary = lowbit.get_format("ternary")
+    for scaled in (False, True):
+        yield ternary(scaling_factor=scaled)
+        yield ternary(scaling_factor=scaled, threshold=-0.8)
+        yield ternary(scaling_factor=scaled, mean=-1.3)
+        yield ternary(scaling_factor=scaled, median=0.4, max=20.0)
+        yield ternary(scaling_factor=scaled, max=60.0)
+        for axis in (0, -1, 1):
+            yield ternary(scaling_factor=scaled, axis=axis)
+        yield ternary(scaling_factor=scaled, axis=0, threshold=3.0)
+    yield ternary(scaling_factor=True, alpha=2.5)
+    yield ternary(scaling_factor=True, alpha=2.5, axis=0)
+    yield ternary(scaling_factor=True, alpha=0.1, threshold=1.0)
+
+
+@pytest.mark.parametrize("spec", list(ternary_specs()), ids=lambda s: s.describe())
+@pytest.mark.parametrize("shape", SIGN_SHAPES, ids=str)
+def test_ternary_variants(spec, shape):
+    if spec.axis is not None and spec.axis not in range(-len(shape), len(shape)):
+        pytest.skip("axis outside this rank")
+    for x in [finite(shape, 9), with_specials(finite(shape, 10)), patterns(shape, 11), finite(shape, 12) * 0,
+              finite(shape, 13).round()]:  # fmt: skip
+        assert_native_equals_eager(spec, x)
+
+
+def test_ternary_requantizes_its_output_and_given_alpha_per_channel():
+    ternary = lowbit.get_format("ternary")
+    spec = ternary(scaling_factor=True, axis=0)
+    once = spec._native(finite((6, 50), 14), torch.float32)
+    assert_native_equals_eager(spec, once)
+    assert_native_equals_eager(ternary(scaling_factor=True, axis=0, alpha=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0)), once)
+
+
+@pytest.mark.parametrize("name,params", [("ternary", {"scaling_factor": True}), ("ternary", {"axis": 0}),
+                                         ("binary", {"scaling_factor": True, "axis": -1}),
+                                         ("binary", {"scaling_factor": True, "bipolar": False})])  # fmt: skip
+def test_statistics_on_several_threads(name, params):
+    spec = lowbit.get_format(name)(**params)
+    x = with_specials(finite((1100, 1030), 15))  # > 2^20 elements: threads, many pieces per group
+    assert_native_equals_eager(spec, x)
+
+
+def test_zero_dimensional_tensors_and_invalid_axes():
+    x = torch.tensor(-1.75)
+    for spec in (lowbit.get_format("ternary")(scaling_factor=True), lowbit.get_format("binary")(scaling_factor=True),
+                 lowbit.get_format("log")(width=5)):  # fmt: skip
+        assert_native_equals_eager(spec, x)
+    assert lowbit.get_format("ternary")(axis=2)._native(finite((4, 4), 0), torch.float32) is None
+    assert lowbit.get_format("binary")(scaling_factor=True, axis=0)._native(x, torch.float32) is None
+
+
+@pytest.mark.parametrize("params", [{"levels": 1}, {"levels": 2}, {"levels": 3}, {"levels": 5},
+                                    {"levels": 3, "means": (0.5, 1 / 3, 1 / 6)}, {"levels": 4, "means": (4, 2, 1, 0.5)}],
+                         ids=str)  # fmt: skip
+def test_binary_residual_variants(params):
+    spec = lowbit.get_format("binary_residual")(**params)
+    values = spec.value_set().float()
+    middles = ((values[1:].double() + values[:-1].double()) / 2).float()
+    probes = torch.cat([middles, torch.nextafter(middles, values[1:]), torch.nextafter(middles, values[:-1]), values])
+    for x in [probes, -probes, patterns((32, 40), 16), finite((32, 40), 17, 0.5)]:
+        assert_native_equals_eager(spec, x)
+
+
+def test_binary_residual_with_too_many_values_takes_the_eager_path():
+    spec = lowbit.get_format("binary_residual")(levels=6, means=(32, 16, 8, 4, 2, 1))  # 64 values
+    assert spec._native(finite((4, 4), 0), torch.float32) is None
