@@ -109,6 +109,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    lowbit.native.ensure()  # the default backend's steady state: native kernels loaded
     machine = header_line()
     print(machine, flush=True)
     tokenizer, model = load_minilm()
