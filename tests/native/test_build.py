@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -123,3 +124,16 @@ def test_warmup_builds_the_library_and_compiles_nothing_a_native_kernel_covers(f
     assert lines[0] == "lowbit warmup: building the native kernels (once per machine) ..."
     assert lines[1].startswith("lowbit warmup: native kernels ready in")
     assert lines[2] == "lowbit warmup [1/2] minifloat_ieee(width=8, exponent_width=4, exponent_bias=7) [64, 300]: native kernel"
+
+
+@needs_compiler
+def test_a_child_forked_while_the_lock_is_held_can_still_load_the_library(fresh_cache):
+    build.ensure()  # built and cached
+    build.reset()
+    with build._lock:  # as if the parent's build thread held it at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: loads from the cache instead of waiting forever on the copied lock
+            signal.alarm(60)  # a deadlock ends the child (exit by SIGALRM) instead of hanging the suite
+            os._exit(0 if build.ensure() is not None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

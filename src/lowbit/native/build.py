@@ -37,6 +37,20 @@ _state: dict = {"library": None, "error": None, "thread": None}
 _lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (DataLoader workers, multiprocessing) gets a fresh lock (the parent's build thread may
+    have held it at the fork and does not exist in the child) and, if that build had not finished, may start
+    its own."""
+    global _lock
+    _lock = threading.Lock()
+    if _state["library"] is None and _state["error"] is None:
+        _state["thread"] = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def disabled() -> bool:
     return os.environ.get("LOWBIT_NATIVE", "").strip().lower() in ("0", "false", "no", "off")
 
