@@ -9,11 +9,11 @@ that is slow here warns once. The tables, per CPU class (docs/real-execution.md 
 ======================= ============================================ =========================================
 class                   int8 dynamic Linear, per token               weight-only Linear
 ======================= ============================================ =========================================
-AMX                     >= 256 rows: ``onednn`` where faster          float32 model: int8 ``native`` up to 256
-                                                                     rows, else ``dequantize``;
-                        fewer: ``fbgemm``                            bfloat16 model / ``compute_dtype``:
-AVX-512 VNNI (+ BF16)   >= 256 rows: ``compiled`` / ``int_mm``;       packed kernel up to 32 rows,
-                        fewer: ``fbgemm``                            ``dequantize_bf16`` above
+AMX                     >= 256 rows: ``onednn`` where faster          float32 model (every CPU): ``native`` up
+                        fewer: ``fbgemm``                            to 256 rows once loaded, else
+AVX-512 VNNI (+ BF16)   >= 256 rows: ``compiled`` / ``int_mm``;       ``dequantize``; bfloat16 model /
+                        fewer: ``fbgemm``                            ``compute_dtype``: packed kernel up to 32
+                                                                     rows, ``dequantize_bf16`` above
 AVX2 / AVX-512 no VNNI  ``fbgemm_pairs`` (two exact 7-bit halves) or
                         ``float_codes``; with ``act_bits=7``: one
                         ``fbgemm`` call
