@@ -22,6 +22,22 @@ static inline float clamp_codes(float v, float low, float high) { /* torch.clamp
 
 static inline int is_directed(int mode) { return mode >= LB_TOWARD_ZERO; }
 
+/* floor / ceil / trunc / away from zero built on rintf: the same values and zero signs as floorf and friends
+ * (each result carries the sign of its input), but GCC 12 vectorises rintf and not floorf under the default
+ * -ftrapping-math (floorf must not raise "inexact"), which made the directed modes several times slower. */
+static inline float floor_by_rint(float v) { float r = rintf(v); return copysignf(r > v ? r - 1.0f : r, v); }
+static inline float ceil_by_rint(float v) { float r = rintf(v); return copysignf(r < v ? r + 1.0f : r, v); }
+
+static inline float round_integer(float v, int mode) { /* lb_round */
+    switch (mode) {
+    case LB_TOWARD_ZERO: return copysignf(floor_by_rint(fabsf(v)), v);
+    case LB_AWAY_FROM_ZERO: return copysignf(ceil_by_rint(fabsf(v)), v);
+    case LB_UP: return ceil_by_rint(v);
+    case LB_DOWN: return floor_by_rint(v);
+    default: return lb_round(v, mode);
+    }
+}
+
 /* ---- fixed point ------------------------------------------------------------------------------------ */
 typedef struct {
     const float *x;
@@ -33,7 +49,7 @@ typedef struct {
 static inline float fixed_value(float v, const fixed_job *job, int mode) {
     float scaled = v * job->multiplier;
     if (job->keep_sign && scaled == 0.0f && v != 0.0f) scaled = lb_sign(v) * FLT_MIN; /* underflow keeps side */
-    return clamp_codes(lb_round(scaled, mode), job->q_min, job->q_max) * job->step;
+    return clamp_codes(round_integer(scaled, mode), job->q_min, job->q_max) * job->step;
 }
 
 #define FIXED_LOOP(MODE) for (int64_t i = begin; i < end; i++) job->out[i] = fixed_value(job->x[i], job, MODE)
@@ -66,7 +82,7 @@ static inline float directed_steps(float v, float scale, float steps, int mode) 
 }
 
 static inline float round_steps(float v, float scale, float inverse, int mode) {
-    float steps = lb_round(v * inverse, mode);
+    float steps = round_integer(v * inverse, mode);
     return is_directed(mode) ? directed_steps(v, scale, steps, mode) : steps;
 }
 
@@ -200,26 +216,33 @@ static affine_params derive(const lb_affine_spec *c, float low, float high) {
 /* ---- statistics ---------------------------------------------------------------------------------------- */
 static inline float finite_or_zero(float v) { return fabsf(v) <= FLT_MAX ? v : 0.0f; }
 
-/* min / max of the finite elements of x[0, n) and of *low / *high (updated in place) */
+/* min / max of the finite elements of x[0, n) and of *low / *high (updated in place). Lanes start at zero and
+ * the last partial group reads zeros past n: the statistics include zero anyway. */
 static void min_max(const float *x, int64_t n, float *low, float *high) {
-    float lows[16], highs[16];
-    for (int k = 0; k < 16; k++) lows[k] = *low, highs[k] = *high;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
+    float lows[16] = {0}, highs[16] = {0};
+    int64_t full = n - n % 16;
+    for (int64_t i = 0; i < full; i += 16)
         for (int k = 0; k < 16; k++) {
             float v = finite_or_zero(x[i + k]);
             lows[k] = v < lows[k] ? v : lows[k];
             highs[k] = v > highs[k] ? v : highs[k];
         }
-    for (; i < n; i++) {
-        float v = finite_or_zero(x[i]);
-        lows[0] = v < lows[0] ? v : lows[0];
-        highs[0] = v > highs[0] ? v : highs[0];
+    if (full < n) {
+        float tail[16] = {0};
+        memcpy(tail, x + full, sizeof(float) * (size_t)(n - full));
+        for (int k = 0; k < 16; k++) {
+            float v = finite_or_zero(tail[k]);
+            lows[k] = v < lows[k] ? v : lows[k];
+            highs[k] = v > highs[k] ? v : highs[k];
+        }
     }
-    for (int k = 0; k < 16; k++) {
-        *low = lows[k] < *low ? lows[k] : *low;
-        *high = highs[k] > *high ? highs[k] : *high;
-    }
+    for (int width = 8; width >= 1; width /= 2) /* a tree: short dependency chains */
+        for (int k = 0; k < width; k++) {
+            lows[k] = lows[k + width] < lows[k] ? lows[k + width] : lows[k];
+            highs[k] = highs[k + width] > highs[k] ? highs[k + width] : highs[k];
+        }
+    *low = lows[0] < *low ? lows[0] : *low;
+    *high = highs[0] > *high ? highs[0] : *high;
 }
 
 /* ---- element passes ------------------------------------------------------------------------------------ */
@@ -315,18 +338,33 @@ static void channel_statistics(const void *context, int64_t begin, int64_t end) 
     }
 }
 
-/* rows of `length` elements, each cut into blocks of `block` (the last one shorter) */
+/* rows of `length` elements, each cut into blocks of `block` (the last one shorter); the blocks of a chunk are
+ * taken BATCH at a time: statistics, then parameters (independent divisions overlap), then elements. */
+#define BATCH 64
+
 static void row_range(const void *context, int64_t begin, int64_t end) {
     const affine_job *job = context;
     const lb_affine_spec *c = job->config;
-    for (int64_t row = begin; row < end; row += job->length)
-        for (int64_t start = 0; start < job->length; start += job->block) {
-            int64_t count = job->length - start < job->block ? job->length - start : job->block;
-            float low = 0.0f, high = 0.0f;
-            min_max(job->x + row + start, count, &low, &high);
-            affine_run(job->x + row + start, job->out + row + start, count, derive(c, low, high), c->clamp_low,
-                       c->clamp_high, c->mode);
+    int64_t per_row = (job->length + job->block - 1) / job->block;
+    int64_t first = begin / job->length * per_row, last = end / job->length * per_row;
+    float lows[BATCH], highs[BATCH];
+    affine_params params[BATCH];
+    for (int64_t batch = first; batch < last; batch += BATCH) {
+        int64_t count = last - batch < BATCH ? last - batch : BATCH;
+        for (int64_t k = 0; k < count; k++) {
+            int64_t row = (batch + k) / per_row, start = (batch + k) % per_row * job->block;
+            int64_t size = job->length - start < job->block ? job->length - start : job->block;
+            lows[k] = highs[k] = 0.0f;
+            min_max(job->x + row * job->length + start, size, lows + k, highs + k);
         }
+        for (int64_t k = 0; k < count; k++) params[k] = derive(c, lows[k], highs[k]);
+        for (int64_t k = 0; k < count; k++) {
+            int64_t row = (batch + k) / per_row, start = (batch + k) % per_row * job->block;
+            int64_t size = job->length - start < job->block ? job->length - start : job->block;
+            int64_t at = row * job->length + start;
+            affine_run(job->x + at, job->out + at, size, params[k], c->clamp_low, c->clamp_high, c->mode);
+        }
+    }
 }
 
 static int tensor_pass(affine_job *job, int64_t n, int threads) {
