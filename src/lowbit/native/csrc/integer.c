@@ -46,17 +46,22 @@ typedef struct {
     int keep_sign, mode;
 } fixed_job;
 
-static inline float fixed_value(float v, const fixed_job *job, int mode) {
-    float scaled = v * job->multiplier;
-    if (job->keep_sign && scaled == 0.0f && v != 0.0f) scaled = lb_sign(v) * FLT_MIN; /* underflow keeps side */
-    return clamp_codes(round_integer(scaled, mode), job->q_min, job->q_max) * job->step;
+static inline float fixed_value(float v, fixed_job job, int keep_sign, int mode) {
+    float scaled = v * job.multiplier;
+    if (keep_sign && scaled == 0.0f && v != 0.0f) scaled = lb_sign(v) * FLT_MIN; /* underflow keeps the side */
+    return clamp_codes(round_integer(scaled, mode), job.q_min, job.q_max) * job.step;
 }
 
-#define FIXED_LOOP(MODE) for (int64_t i = begin; i < end; i++) job->out[i] = fixed_value(job->x[i], job, MODE)
+/* the job's fields copied into locals (stores to out could otherwise alias them), keep_sign a constant */
+#define FIXED_LOOP(MODE) \
+    if (job.keep_sign) for (int64_t i = begin; i < end; i++) out[i] = fixed_value(x[i], job, 1, MODE); \
+    else for (int64_t i = begin; i < end; i++) out[i] = fixed_value(x[i], job, 0, MODE)
 
 static void fixed_range(const void *context, int64_t begin, int64_t end) {
-    const fixed_job *job = context;
-    LB_FOR_EACH_MODE(job->mode, FIXED_LOOP)
+    const fixed_job job = *(const fixed_job *)context;
+    const float *x = job.x;
+    float *out = job.out;
+    LB_FOR_EACH_MODE(job.mode, FIXED_LOOP)
 }
 
 /* The format's constants, prepared once per spec by lowbit.native.integer (a ctypes structure). */
