@@ -65,33 +65,48 @@ static inline float general_step(float v, int min_exponent, int mantissa_bits) {
     return pow2_float((exponent > min_exponent ? exponent : min_exponent) - mantissa_bits);
 }
 
+#define LB_INLINE static inline __attribute__((always_inline))
+
 /* Per block: finite min widened to zero, finite max widened to zero, and whether an inf is present. */
 typedef struct { float low, high; int has_inf; } block_extremes;
 
-static inline block_extremes extremes_of(const float *x, int64_t length) {
-    float low = 0.0f, high = 0.0f;
-    int infinite = 0;
+LB_INLINE block_extremes extremes_of(const float *restrict x, int64_t length) {
+    /* bit patterns (signed: the reductions vectorise): the largest non-negative finite value, the largest
+     * magnitude of a negative one */
+    int32_t high = 0, low = 0, infinite = 0;
     for (int64_t k = 0; k < length; k++) {
-        uint32_t magnitude = lb_bits(x[k]) & 0x7fffffffu;
-        int finite = magnitude < 0x7f800000u;
-        float v = finite ? x[k] : 0.0f;
-        low = v < low ? v : low;
-        high = v > high ? v : high;
-        infinite |= magnitude == 0x7f800000u;
+        uint32_t bits = lb_bits(x[k]);
+        int32_t magnitude = (int32_t)(bits & 0x7fffffffu);
+        int32_t finite = magnitude < 0x7f800000 ? magnitude : 0;
+        int32_t positive = (int32_t)bits < 0 ? 0 : finite, negative = (int32_t)bits < 0 ? finite : 0;
+        high = positive > high ? positive : high;
+        low = negative > low ? negative : low;
+        infinite |= magnitude == 0x7f800000;
     }
-    block_extremes result = {low, high, infinite};
+    block_extremes result = {-lb_float((uint32_t)low), lb_float((uint32_t)high), infinite};
     return result;
 }
 
-/* max |x| over the finite elements (>= +0). */
-static inline float finite_abs_max_of(const float *x, int64_t length) {
-    uint32_t largest = 0;
+/* max |x| over the elements that are not NaN, as bits: 0x7f800000 when the block holds an inf. */
+LB_INLINE int32_t non_nan_abs_max_bits(const float *restrict x, int64_t length) {
+    int32_t largest = 0;
     for (int64_t k = 0; k < length; k++) {
-        uint32_t magnitude = lb_bits(x[k]) & 0x7fffffffu;
-        magnitude = magnitude < 0x7f800000u ? magnitude : 0u;
+        int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
+        magnitude = magnitude <= 0x7f800000 ? magnitude : 0;
         largest = magnitude > largest ? magnitude : largest;
     }
-    return lb_float(largest);
+    return largest;
+}
+
+/* max |x| over the finite elements (>= +0). */
+LB_INLINE float finite_abs_max_of(const float *restrict x, int64_t length) {
+    int32_t largest = 0;
+    for (int64_t k = 0; k < length; k++) {
+        int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
+        magnitude = magnitude < 0x7f800000 ? magnitude : 0;
+        largest = magnitude > largest ? magnitude : largest;
+    }
+    return lb_float((uint32_t)largest);
 }
 
 /* block_fp.exponent_from_extremes: the smallest exponent in [low_e, high_e] at which nothing overflows. */
@@ -109,16 +124,49 @@ static int exponent_from_extremes(block_extremes ex, int significand_bits, int m
     return exponent > max_exponent ? max_exponent : exponent;
 }
 
-#define LB_FOR_BLOCKS(job, begin, end, ...) \
-    for (int64_t index = (begin) / (job)->geometry.block_length; index < (end) / (job)->geometry.block_length; index++) { \
-        int64_t row = index / (job)->geometry.blocks_per_row, column = index - row * (job)->geometry.blocks_per_row; \
-        int64_t first = column * (job)->geometry.block_length; \
-        int64_t length = (job)->geometry.row_length - first; \
-        length = length < (job)->geometry.block_length ? length : (job)->geometry.block_length; \
-        const float *x = (job)->geometry.x + row * (job)->geometry.row_length + first; \
-        float *out = (job)->geometry.out + row * (job)->geometry.row_length + first; \
-        __VA_ARGS__ \
+/* Every block of [begin, end) (in units of block_length elements): BLOCK(job, index, x, out, length, MODE);
+ */
+/* block_fp.nearest_even_exponent for a block without inf: |max| rounded half to even onto
+ * significand_bits - 1 fraction bits by an integer add on its float64 bits (the carry moves the exponent). */
+static inline int nearest_even_exponent(block_extremes ex, int significand_bits, int min_exponent,
+                                        int max_exponent) {
+    double magnitude = fabsf(ex.high > -ex.low ? ex.high : -ex.low);
+    uint64_t bits;
+    memcpy(&bits, &magnitude, 8);
+    int dropped = 53 - significand_bits;
+    bits += significand_bits == 1 ? 1ull << (dropped - 1) : ((bits >> dropped) & 1) + (1ull << (dropped - 1)) - 1;
+    int exponent = (int)(bits >> 52) - 1023;
+    return exponent < min_exponent ? min_exponent : (exponent > max_exponent ? max_exponent : exponent);
+}
+
+/* The shared exponent of block_fp (significand_bits M) and block_minifloat (M + 1): under nearest_even from
+ * one reduction (|max|) unless the block holds an inf; otherwise from the block's extremes. */
+LB_INLINE int block_exponent(const float *restrict x, int64_t length, int significand_bits, int mode,
+                             int min_exponent, int max_exponent) {
+    if (mode == LB_NEAREST_EVEN) {
+        int32_t largest = non_nan_abs_max_bits(x, length);
+        if (largest < 0x7f800000) {
+            block_extremes ex = {0.0f, lb_float((uint32_t)largest), 0};
+            return nearest_even_exponent(ex, significand_bits, min_exponent, max_exponent);
+        }
     }
+    return exponent_from_extremes(extremes_of(x, length), significand_bits, mode, min_exponent, max_exponent);
+}
+
+#define LB_FOR_BLOCKS(job, begin, end, BLOCK, MODE) \
+    do { \
+        const block_geometry geometry = (job)->geometry; \
+        int64_t first_index = (begin) / geometry.block_length, last_index = (end) / geometry.block_length; \
+        int64_t row = first_index / geometry.blocks_per_row, column = first_index - row * geometry.blocks_per_row; \
+        for (int64_t index = first_index; index < last_index; index++) { \
+            int64_t start = column * geometry.block_length, length = geometry.row_length - start; \
+            const float *block_x = geometry.x + row * geometry.row_length + start; \
+            float *block_out = geometry.out + row * geometry.row_length + start; \
+            BLOCK(job, index, block_x, block_out, length < geometry.block_length ? length : geometry.block_length, \
+                  MODE); \
+            if (++column == geometry.blocks_per_row) { column = 0; row++; } \
+        } \
+    } while (0)
 
 /* lb_parallel counts elements (it threads from 2^20 of them): each block counts as block_length units, so
  * every chunk boundary is a whole block. */
@@ -144,14 +192,18 @@ static ocp_element make_element(int mantissa_bits, int min_exponent, float max_v
     return element;
 }
 
-static inline float round_element(float y, const ocp_element *element, int mode) {
-    float unbounded = lb_grid_round(y, element->mantissa_shift, element->smallest_field, mode);
-    if (element->saturating) return lb_clamp(unbounded, element->max_value);
-    float special = element->overflow_inf ? copysignf(INFINITY, y) : NAN;
-    int goes_past = y > 0.0f ? element->past_positive : element->past_negative;
-    float bounded = element->max_value * lb_sign(y);
-    float result = fabsf(unbounded) > element->max_value ? (goes_past ? special : bounded) : unbounded;
-    return isinf(y) ? special : result;
+static inline float round_saturating(float y, ocp_element element, int mode) {
+    return lb_clamp(lb_grid_round(y, element.mantissa_shift, element.smallest_field, mode), element.max_value);
+}
+
+/* Without saturation: an overflow goes past max (to inf / NaN) unless the mode stops it at max. */
+static inline float round_overflowing(float y, ocp_element element, int mode) {
+    float unbounded = lb_grid_round(y, element.mantissa_shift, element.smallest_field, mode);
+    float special = element.overflow_inf ? copysignf(INFINITY, y) : NAN;
+    int goes_past = y > 0.0f ? element.past_positive : element.past_negative;
+    float bounded = element.max_value * lb_sign(y);
+    float result = fabsf(unbounded) > element.max_value ? (goes_past ? special : bounded) : unbounded;
+    return isinf(y) ? special : result; /* an infinite input is Inf (e5m2) or NaN (e4m3) in every mode */
 }
 
 typedef struct {
@@ -162,7 +214,13 @@ typedef struct {
 } element_job;
 
 #define ELEMENT_LOOP(MODE) \
-    for (int64_t i = begin; i < end; i++) job->out[i] = round_element(job->x[i], &job->element, MODE)
+    do { \
+        const float *restrict x = job->x; \
+        float *restrict out = job->out; \
+        const ocp_element element = job->element; \
+        if (element.saturating) for (int64_t i = begin; i < end; i++) out[i] = round_saturating(x[i], element, MODE); \
+        else for (int64_t i = begin; i < end; i++) out[i] = round_overflowing(x[i], element, MODE); \
+    } while (0)
 
 static void element_range(const void *context, int64_t begin, int64_t end) {
     const element_job *job = context;
@@ -189,20 +247,25 @@ typedef struct {
 static inline float next_up(float v) { return lb_float(lb_bits(v) + 1); }   /* v > 0 finite */
 static inline float next_down(float v) { return lb_float(lb_bits(v) - 1); } /* v > 0 */
 
+#define LB_FLOAT32_TINY 1.17549435e-38f
+#define LB_FLOAT32_MAX 3.40282347e+38f
+
 /* ocp_float.covering_scale (f32 scales) and _inward_scale for the directed modes that need it. */
-static float derived_scale(const float *x, int64_t length, const scaled_job *job) {
-    block_extremes ex = extremes_of(x, length);
+LB_INLINE float derived_scale(const float *restrict x, int64_t length, const scaled_job *job) {
+    block_extremes ex = {0.0f, 0.0f, 0};
+    if (job->inward) ex = extremes_of(x, length);
+    else ex.high = finite_abs_max_of(x, length);
     float element_max = job->element.max_value;
     float amax = fabsf(ex.high > -ex.low ? ex.high : -ex.low);
     float scale = amax / element_max;
-    if (!(isfinite(scale) && scale >= 1.17549435e-38f)) scale = 1.17549435e-38f;
+    if (!(isfinite(scale) && scale >= LB_FLOAT32_TINY)) scale = LB_FLOAT32_TINY;
     float larger = next_up(scale);
     if (scale * element_max < amax && isfinite(larger)) scale = larger;
     float smaller = next_down(scale);
-    if (smaller * element_max >= amax && smaller >= 1.17549435e-38f) scale = smaller;
+    if (smaller * element_max >= amax && smaller >= LB_FLOAT32_TINY) scale = smaller;
     if (!job->inward) return scale;
     smaller = next_down(scale);
-    int usable = smaller >= 1.17549435e-38f && scale * element_max != amax;
+    int usable = smaller >= LB_FLOAT32_TINY && scale * element_max != amax;
     int inward = 1;
     if (job->mode != LB_TOWARD_ZERO) {
         int positive = ex.high >= -ex.low;
@@ -213,23 +276,33 @@ static float derived_scale(const float *x, int64_t length, const scaled_job *job
     return usable && inward ? smaller : scale;
 }
 
-static inline float scaled_value(float v, float scale, const scaled_job *job, int mode, int directed) {
-    float y = v / scale;
-    float result = round_element(y, &job->element, mode) * scale;
-    if (directed) {
-        float nearest = round_element(y, &job->nearest, LB_NEAREST_EVEN) * scale;
-        result = nearest == v ? nearest : result;
+/* One block's elements; SATURATING and DIRECTED are constants in each copy (the loops vectorise). */
+LB_INLINE void scaled_elements(const float *restrict x, float *restrict out, int64_t length, float scale,
+                                   ocp_element element, ocp_element nearest, int clamp_inf, int mode,
+                                   int saturating, int directed) {
+    for (int64_t k = 0; k < length; k++) {
+        float v = x[k], y = v / scale;
+        float result = (saturating ? round_saturating(y, element, mode) : round_overflowing(y, element, mode)) * scale;
+        if (directed) {
+            float on_grid = round_saturating(y, nearest, LB_NEAREST_EVEN) * scale;
+            result = on_grid == v ? on_grid : result;
+        }
+        if (clamp_inf) result = isinf(result) & isfinite(v) ? lb_clamp(result, LB_FLOAT32_MAX) : result;
+        out[k] = result;
     }
-    if (job->clamp_inf && isinf(result) && isfinite(v)) result = lb_clamp(result, 3.40282347e+38f);
-    return result;
 }
 
-#define SCALED_LOOP(MODE) \
-    LB_FOR_BLOCKS(job, begin, end, { \
-        float scale = job->scales ? job->scales[index / job->blocks_per_scale] : derived_scale(x, length, job); \
-        if (job->directed) for (int64_t k = 0; k < length; k++) out[k] = scaled_value(x[k], scale, job, MODE, 1); \
-        else for (int64_t k = 0; k < length; k++) out[k] = scaled_value(x[k], scale, job, MODE, 0); \
-    })
+LB_INLINE void scaled_block(const scaled_job *job, int64_t index, const float *x, float *out, int64_t length,
+                                int mode) {
+    float scale = job->scales ? job->scales[index / job->blocks_per_scale] : derived_scale(x, length, job);
+    int saturating = job->element.saturating, directed = job->directed, clamp_inf = job->clamp_inf;
+    if (saturating && !directed) scaled_elements(x, out, length, scale, job->element, job->nearest, clamp_inf, mode, 1, 0);
+    else if (saturating) scaled_elements(x, out, length, scale, job->element, job->nearest, clamp_inf, mode, 1, 1);
+    else if (!directed) scaled_elements(x, out, length, scale, job->element, job->nearest, clamp_inf, mode, 0, 0);
+    else scaled_elements(x, out, length, scale, job->element, job->nearest, clamp_inf, mode, 0, 1);
+}
+
+#define SCALED_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, scaled_block, MODE)
 
 static void scaled_range(const void *context, int64_t begin, int64_t end) {
     const scaled_job *job = context;
@@ -249,6 +322,21 @@ void lb_ocp_scaled_f32(const float *x, float *out, int64_t rows, int64_t row_len
                       mode == LB_UP || mode == LB_DOWN || mode == LB_TOWARD_ZERO, scales == NULL, scales,
                       blocks_per_scale > 0 ? blocks_per_scale : 1};
     run_blocks(&job.geometry, rows, threads, scaled_range, &job);
+}
+
+/* ---- shared by the per-block float grids (MX, block_minifloat) --------------------------------------- */
+/* round(v / step) * step clamped to +-limit, step = 2^(max(floor_log2 |v|, min_exponent) - M). */
+LB_INLINE void grid_block(const float *restrict x, float *restrict out, int64_t length, int mantissa_bits,
+                              int min_exponent, float limit, int mode) {
+    if (mantissa_bits >= 1 && min_exponent - mantissa_bits >= -126) { /* the bit path: every step normal */
+        int32_t shift = mantissa_bits << 23, smallest = (min_exponent - mantissa_bits + 127) << 23;
+        for (int64_t k = 0; k < length; k++) out[k] = lb_clamp(lb_grid_round(x[k], shift, smallest, mode), limit);
+    } else {
+        for (int64_t k = 0; k < length; k++) {
+            float step = general_step(x[k], min_exponent, mantissa_bits);
+            out[k] = lb_clamp(lb_round(x[k] / step, mode) * step, limit);
+        }
+    }
 }
 
 /* ---- MX (mx.py): E8M0 scale 2^s per block, elements on the float grid scaled by 2^s ------------------ */
@@ -272,24 +360,23 @@ static int mx_shared_exponent(float amax, const mx_job *job) {
     return shared < -127 ? -127 : (shared > 127 ? 127 : shared);
 }
 
-#define MX_LOOP(MODE) \
-    LB_FOR_BLOCKS(job, begin, end, { \
-        int shared = mx_shared_exponent(finite_abs_max_of(x, length), job); \
-        int min_exponent = shared + job->element_min_exponent, m = job->mantissa_bits; \
-        float element_max = job->element_max * pow2_float(shared); \
-        int top = floor_log2_float(job->dtype_max); \
-        float top_step = pow2_float((top > min_exponent ? top : min_exponent) - m); \
-        float limit = lb_clamp(floorf(job->dtype_max / top_step) * top_step, element_max); \
-        if (min_exponent - m >= -126) { \
-            int32_t smallest = (min_exponent - m + 127) << 23; \
-            for (int64_t k = 0; k < length; k++) out[k] = lb_clamp(lb_grid_round(x[k], m << 23, smallest, MODE), limit); \
-        } else { \
-            for (int64_t k = 0; k < length; k++) { \
-                float step = general_step(x[k], min_exponent, m); \
-                out[k] = lb_clamp(lb_round(x[k] / step, MODE) * step, limit); \
-            } \
-        } \
-    })
+LB_INLINE void mx_block(const mx_job *job, int64_t index, const float *x, float *out, int64_t length, int mode) {
+    (void)index;
+    int shared = mx_shared_exponent(finite_abs_max_of(x, length), job);
+    int min_exponent = shared + job->element_min_exponent, m = job->mantissa_bits;
+    float element_max = job->element_max * pow2_float(shared);
+    /* _block_limit: the output dtype's max rounded down onto the block grid, capped at the element max
+     * (which is on that grid: the cap alone when it is not above the dtype's max) */
+    float limit = element_max;
+    if (!(element_max <= job->dtype_max)) {
+        int top = floor_log2_float(job->dtype_max);
+        float top_step = pow2_float((top > min_exponent ? top : min_exponent) - m);
+        limit = lb_clamp(floorf(job->dtype_max / top_step) * top_step, element_max);
+    }
+    grid_block(x, out, length, m, min_exponent, limit, mode);
+}
+
+#define MX_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, mx_block, MODE)
 
 static void mx_range(const void *context, int64_t begin, int64_t end) {
     const mx_job *job = context;
@@ -313,20 +400,22 @@ typedef struct {
     double top_code;
 } block_fp_job;
 
-#define BLOCK_FP_LOOP(MODE) \
-    LB_FOR_BLOCKS(job, begin, end, { \
-        int exponent = exponent_from_extremes(extremes_of(x, length), job->mantissa_bits, job->mode, \
-                                              job->min_exponent, job->max_exponent); \
-        int power = exponent - job->mantissa_bits + 1; \
-        if (job->in_float) { /* _float32_blocks */ \
-            float step = pow2_float(power), top = (float)job->top_code; \
-            for (int64_t k = 0; k < length; k++) out[k] = lb_clamp(lb_round(x[k] / step, MODE), top) * step; \
-        } else { /* _quantize_blocks in float64, cast back */ \
-            double step = pow2_double(power), top = job->top_code; \
-            for (int64_t k = 0; k < length; k++) \
-                out[k] = (float)(clamp_double(round_double((double)x[k] / step, MODE), top) * step); \
-        } \
-    })
+LB_INLINE void block_fp_block(const block_fp_job *job, int64_t index, const float *restrict x,
+                                  float *restrict out, int64_t length, int mode) {
+    (void)index;
+    int exponent = block_exponent(x, length, job->mantissa_bits, mode, job->min_exponent, job->max_exponent);
+    int power = exponent - job->mantissa_bits + 1;
+    if (job->in_float) { /* _float32_blocks */
+        float step = pow2_float(power), top = (float)job->top_code;
+        for (int64_t k = 0; k < length; k++) out[k] = lb_clamp(lb_round(x[k] / step, mode), top) * step;
+    } else { /* _quantize_blocks in float64, cast back */
+        double step = pow2_double(power), top = job->top_code;
+        for (int64_t k = 0; k < length; k++)
+            out[k] = (float)(clamp_double(round_double((double)x[k] / step, mode), top) * step);
+    }
+}
+
+#define BLOCK_FP_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, block_fp_block, MODE)
 
 static void block_fp_range(const void *context, int64_t begin, int64_t end) {
     const block_fp_job *job = context;
@@ -349,22 +438,7 @@ typedef struct {
     int mantissa_bits, binades_below_top, min_shared, max_shared, in_float, mode;
 } block_minifloat_job;
 
-static inline void minifloat_block_float(const float *x, float *out, int64_t length, int shared,
-                                         const block_minifloat_job *job, int mode) {
-    int m = job->mantissa_bits, min_exponent = shared - job->binades_below_top;
-    float max_value = (2.0f - pow2_float(-m)) * pow2_float(shared);
-    if (m >= 1 && min_exponent - m >= -126) {
-        int32_t smallest = (min_exponent - m + 127) << 23;
-        for (int64_t k = 0; k < length; k++) out[k] = lb_clamp(lb_grid_round(x[k], m << 23, smallest, mode), max_value);
-    } else {
-        for (int64_t k = 0; k < length; k++) {
-            float step = general_step(x[k], min_exponent, m);
-            out[k] = lb_clamp(lb_round(x[k] / step, mode) * step, max_value);
-        }
-    }
-}
-
-static inline void minifloat_block_double(const float *x, float *out, int64_t length, int shared,
+LB_INLINE void minifloat_block_double(const float *restrict x, float *restrict out, int64_t length, int shared,
                                           const block_minifloat_job *job, int mode) {
     int m = job->mantissa_bits, min_exponent = shared - job->binades_below_top;
     double max_value = (2.0 - pow2_double(-m)) * pow2_double(shared);
@@ -375,13 +449,19 @@ static inline void minifloat_block_double(const float *x, float *out, int64_t le
     }
 }
 
-#define BLOCK_MINIFLOAT_LOOP(MODE) \
-    LB_FOR_BLOCKS(job, begin, end, { \
-        int shared = exponent_from_extremes(extremes_of(x, length), job->mantissa_bits + 1, job->mode, \
-                                            job->min_shared, job->max_shared); \
-        if (job->in_float) minifloat_block_float(x, out, length, shared, job, MODE); \
-        else minifloat_block_double(x, out, length, shared, job, MODE); \
-    })
+LB_INLINE void block_minifloat_block(const block_minifloat_job *job, int64_t index, const float *x, float *out,
+                                         int64_t length, int mode) {
+    (void)index;
+    int m = job->mantissa_bits;
+    int shared = block_exponent(x, length, m + 1, mode, job->min_shared, job->max_shared);
+    if (job->in_float) /* _float32_blocks: max (2 - 2^-M) * 2^t, smallest normal binade t - (2^E - 2) */
+        grid_block(x, out, length, m, shared - job->binades_below_top, (2.0f - pow2_float(-m)) * pow2_float(shared),
+                   mode);
+    else
+        minifloat_block_double(x, out, length, shared, job, mode);
+}
+
+#define BLOCK_MINIFLOAT_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, block_minifloat_block, MODE)
 
 static void block_minifloat_range(const void *context, int64_t begin, int64_t end) {
     const block_minifloat_job *job = context;
