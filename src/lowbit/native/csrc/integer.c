@@ -320,26 +320,47 @@ static void channel_range(const void *context, int64_t begin, int64_t end) {
 }
 
 /* statistics per channel over the outer indices of one part (a whole number of outer slices) */
+/* min / max per channel of the last dimension over the rows [first, stop) of `channels` elements, for WIDE
+ * channels at a time held in locals over every row (the arrays low / high are written once). */
+#define WIDE 64
+
+static void column_statistics(const float *x, int64_t rows, int64_t channels, float *low, float *high) {
+    for (int64_t from = 0; from < channels; from += WIDE) {
+        float lows[WIDE] = {0}, highs[WIDE] = {0};
+        int64_t count = channels - from < WIDE ? channels - from : WIDE;
+        if (count == WIDE)
+            for (int64_t row = 0; row < rows; row++)
+                for (int k = 0; k < WIDE; k++) {
+                    float v = finite_or_zero(x[row * channels + from + k]);
+                    lows[k] = v < lows[k] ? v : lows[k];
+                    highs[k] = v > highs[k] ? v : highs[k];
+                }
+        else
+            for (int64_t row = 0; row < rows; row++)
+                for (int64_t k = 0; k < count; k++) {
+                    float v = finite_or_zero(x[row * channels + from + k]);
+                    lows[k] = v < lows[k] ? v : lows[k];
+                    highs[k] = v > highs[k] ? v : highs[k];
+                }
+        for (int64_t k = 0; k < count; k++) low[from + k] = lows[k], high[from + k] = highs[k];
+    }
+}
+
+/* statistics per channel over the outer indices of one part (a whole number of outer slices) */
 static void channel_statistics(const void *context, int64_t begin, int64_t end) {
     const affine_job *job = context;
     int64_t slice = job->channels * job->inner, per_part = job->length;
     for (int64_t first = begin; first < end; first += per_part) {
         float *low = job->parts + 2 * job->channels * (first / per_part), *high = low + job->channels;
         int64_t stop = end - first < per_part ? end : first + per_part;
-        for (int64_t channel = 0; channel < job->channels; channel++) low[channel] = high[channel] = 0.0f;
-        for (int64_t start = first; start < stop; start += slice) {
-            const float *x = job->x + start;
-            if (job->inner == 1) {
-                for (int64_t channel = 0; channel < job->channels; channel++) {
-                    float v = finite_or_zero(x[channel]);
-                    low[channel] = v < low[channel] ? v : low[channel];
-                    high[channel] = v > high[channel] ? v : high[channel];
-                }
-                continue;
-            }
-            for (int64_t channel = 0; channel < job->channels; channel++)
-                min_max(x + channel * job->inner, job->inner, low + channel, high + channel);
+        if (job->inner == 1) {
+            column_statistics(job->x + first, (stop - first) / slice, job->channels, low, high);
+            continue;
         }
+        for (int64_t channel = 0; channel < job->channels; channel++) low[channel] = high[channel] = 0.0f;
+        for (int64_t start = first; start < stop; start += slice)
+            for (int64_t channel = 0; channel < job->channels; channel++)
+                min_max(job->x + start + channel * job->inner, job->inner, low + channel, high + channel);
     }
 }
 
