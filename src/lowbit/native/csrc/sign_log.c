@@ -165,7 +165,7 @@ static inline float stats_kept(float v, int select, float delta, int *selected) 
 }
 
 #define STATS_TOP(SELECT) \
-    for (int64_t i = 0; i < length; i++) { \
+    for (; i < length; i++) { \
         int selected; \
         float kept = stats_kept(x[i], SELECT, delta, &selected); \
         high = kept > high ? kept : high; \
@@ -190,19 +190,69 @@ static inline float stats_kept(float v, int select, float delta, int *selected) 
     default: SELECT_BODY(SELECT_ABOVE); break; \
     }
 
+/* Eight lanes at a time with GCC vector types (the lanes' order does not matter: tops, bottoms and counts
+ * are exact, and the sum is certified for any order). Masks are -1 / 0 per lane. */
+typedef float stats_f8 __attribute__((vector_size(32)));
+typedef int32_t stats_i8 __attribute__((vector_size(32)));
+typedef double stats_d8 __attribute__((vector_size(64)));
+
+static inline stats_f8 stats_select8(stats_i8 mask, stats_f8 yes, stats_f8 no) {
+    return (stats_f8)(((stats_i8)yes & mask) | ((stats_i8)no & ~mask));
+}
+
+/* stats_kept for eight elements. */
+static inline stats_f8 stats_kept8(stats_f8 v, int select, stats_f8 delta, stats_i8 *selected) {
+    stats_i8 raw = (stats_i8)v, bits = raw & 0x7fffffff, finite = bits < 0x7f800000;
+    switch (select) {
+    case SELECT_NOT_NAN: *selected = bits <= 0x7f800000; return (stats_f8)(bits & finite);
+    case SELECT_POSITIVE: *selected = (raw > 0) & (raw < 0x7f800000); return (stats_f8)(raw & *selected);
+    default: *selected = ((stats_f8)bits > delta) & finite; return (stats_f8)(bits & *selected);
+    }
+}
+
+#define STATS_TOP8(SELECT) \
+    for (; i + 8 <= length; i += 8) { \
+        stats_f8 v; \
+        stats_i8 selected; \
+        memcpy(&v, x + i, sizeof v); \
+        stats_f8 kept = stats_kept8(v, SELECT, delta8, &selected); \
+        high8 = stats_select8(kept > high8, kept, high8); \
+    }
+#define STATS_SUM8(SELECT) \
+    for (; i + 8 <= length; i += 8) { \
+        stats_f8 v; \
+        stats_i8 selected; \
+        memcpy(&v, x + i, sizeof v); \
+        stats_f8 kept = stats_kept8(v, SELECT, delta8, &selected), term = kept / unit8; \
+        sum8 += __builtin_convertvector(term, stats_d8); \
+        low8 = stats_select8(selected & (kept < low8), kept, low8); \
+        least8 = stats_select8((term > 0.0f) & (term < least8), term, least8); \
+        count8 -= selected; \
+    }
+
 /* One group's run x[0..length) into the slot s. */
 static void stats_run(const stats_job *job, const float *x, int64_t length, int64_t group, int64_t s) {
     float delta = job->delta[group];
+    stats_f8 delta8 = {delta, delta, delta, delta, delta, delta, delta, delta};
+    int64_t i = 0;
     if (job->pass == 1) {
+        stats_f8 high8 = {0, 0, 0, 0, 0, 0, 0, 0};
+        STATS_SELECT(STATS_TOP8)
         float high = job->top[s];
+        for (int k = 0; k < 8; k++) high = high8[k] > high ? high8[k] : high;
         STATS_SELECT(STATS_TOP)
         job->top[s] = high;
         return;
     }
     float unit = job->unit[group], low[8], least[8];
-    double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t counts[8] = {0, 0, 0, 0, 0, 0, 0, 0}, i = 0;
-    for (int k = 0; k < 8; k++) low[k] = least[k] = INFINITY;
+    stats_f8 unit8 = {unit, unit, unit, unit, unit, unit, unit, unit}, low8, least8;
+    stats_d8 sum8 = {0, 0, 0, 0, 0, 0, 0, 0};
+    stats_i8 count8 = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k = 0; k < 8; k++) low8[k] = least8[k] = INFINITY;
+    STATS_SELECT(STATS_SUM8)
+    double lanes[8];
+    int64_t counts[8];
+    for (int k = 0; k < 8; k++) lanes[k] = sum8[k], counts[k] = count8[k], low[k] = low8[k], least[k] = least8[k];
     STATS_SELECT(STATS_SUM)
     job->sum[s] += ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
     for (int k = 0; k < 8; k++) {
