@@ -1,5 +1,5 @@
-"""Block kernels (csrc/block.c) beyond the case table: parameter variants of the OCP elements, MX, block_fp
-and block_minifloat, each bit for bit the eager path's result, and the kernel really running where it
+"""Block kernels (csrc/block.c) beyond the case table: parameter variants of the OCP elements, MX, block_fp,
+block_minifloat and block_log, each bit for bit the eager path's result, and the kernel really running where it
 should (None only where it is documented not to apply)."""
 
 from __future__ import annotations
@@ -100,10 +100,18 @@ def test_block_minifloat_variants(params):
     check("block_minifloat", **params)
 
 
+@pytest.mark.parametrize("params", [
+    {}, {"log_domain": True}, {"width": 3, "exponent_bias_width": 10}, {"width": 11, "exponent_bias_width": 0},
+    {"block_size": None}, {"axis": 0, "block_size": None}, {"block_size": [1, 5]},
+], ids=str)  # fmt: skip
+def test_block_log_variants(params):
+    check("block_log", **params)
+
+
 def test_block_kernels_run_on_several_threads():
     x = torch.randn(1024, 1100, generator=torch.Generator().manual_seed(9)) * 8  # > 2^20 elements
     x[3, 5], x[700, 1] = float("nan"), float("inf")
-    for name, params in [("mxfp4_e2m1", {}), ("block_fp", {}), ("block_minifloat", {}),
+    for name, params in [("mxfp4_e2m1", {}), ("block_fp", {}), ("block_minifloat", {}), ("block_log", {}),
                          ("e2m1", {"block_size": [1, 32]}), ("e4m3", {"scale": 0.25})]:  # fmt: skip
         spec = lowbit.get_format(name)(**params)
         assert_bits_equal(spec._native(x, torch.float32), spec._quantize_for(x, None, torch.float32))

@@ -25,7 +25,7 @@ INTEGER_CASES = {"integer-8-4", "fixed-6-2", "integer-unsigned", "affine-given",
 SIGN_AND_LOG_CASES = {"log-8-63", "binary-bipolar", "binary-scaled", "binary-residual", "ternary-twn-scaled",
                       "ternary-threshold", "ternary-given-alpha"}  # log / binary / ternary
 BLOCK_CASES = {"e5m2", "e4m3", "e3m2", "e2m3", "e2m1", "e2m1-block32", "e4m3-given-scale", "block-fp", "block-minifloat",
-               "mxint8", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1"}  # OCP, block, MX
+               "block-log", "mxint8", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1"}  # OCP, block, MX
 NATIVE_CASES = FLOAT_GRID_CASES | INTEGER_CASES | SIGN_AND_LOG_CASES | BLOCK_CASES
 
 

@@ -31,16 +31,19 @@ from lowbit.formats.blocking import (
     apply_blockwise,
     block_shape,
     can_branch_on_data,
+    contiguous_runs,
     finite_abs_max,
     finite_extremes,
     scaled_bits_per_element,
 )
 from lowbit.formats.log import (
     MAX_WIDTH,
+    _largest_float_below_sqrt2,
     fast_nearest_applies_per_block,
     nearest_power_of_two_finite,
     round_to_power_of_two,
 )
+from lowbit.native import block as native_block
 
 MAX_BIAS_WIDTH = 10  # beta <= 1023 keeps the smallest element power 2^(1 - beta) inside float64
 
@@ -110,6 +113,17 @@ class BlockLog(FormatSpec):
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         block = block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim)
         return apply_blockwise(x, block, lambda blocked, dims: self._quantize_block(blocked, dims, generator))
+
+    def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
+        """Blocks that are contiguous runs (along the last dimension, per row, per tensor) run natively."""
+        if x.dim() == 0 or (self.axis is not None and not -x.dim() <= self.axis < x.dim()):
+            return None
+        runs = contiguous_runs(x.shape, block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim))
+        if runs is None:
+            return None
+        below_sqrt2 = _largest_float_below_sqrt2(torch.float32) if self.log_domain else 0.0
+        return native_block.block_log(x, runs, 2**self.exponent_width - 1, self.max_bias, self.log_domain,
+                                      below_sqrt2, self.rounding)  # fmt: skip
 
     def _quantize_block(self, blocked: torch.Tensor, dims: tuple[int, ...], generator) -> torch.Tensor:
         fast = (self.rounding == "nearest_even" and not self.log_domain

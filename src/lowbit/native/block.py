@@ -86,3 +86,15 @@ def block_minifloat(x: torch.Tensor, runs: tuple[int, int, int], mantissa_bits: 
     entry(x.data_ptr(), out.data_ptr(), *runs, mantissa_bits, binades_below_top, min_shared, max_shared,
           int(in_float), mode, threads())  # fmt: skip
     return out
+
+
+def block_log(x: torch.Tensor, runs: tuple[int, int, int], top_code: int, max_bias: int, log_domain: bool,
+              below_sqrt2: float, rounding: str) -> torch.Tensor | None:  # fmt: skip
+    """block_log blocks: bias from the block's finite |max|, elements by log.round_to_power_of_two."""
+    entry = function("lb_block_log_f32", _GEOMETRY + [INT, INT, INT, FLOAT, INT, INT])
+    mode = ROUNDING_CODES.get(rounding)
+    if entry is None or mode is None:
+        return None
+    out = torch.empty_like(x)
+    entry(x.data_ptr(), out.data_ptr(), *runs, top_code, max_bias, int(log_domain), below_sqrt2, mode, threads())
+    return out
