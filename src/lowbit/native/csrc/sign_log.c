@@ -374,8 +374,8 @@ typedef struct {
 
 static inline float element_value(float v, int kind, float delta, float value) {
     float result;
-    if (kind == ELEMENT_TERNARY) /* (x > delta) - (x < -delta), times the scale */
-        result = ((float)(v > delta) - (float)(v < -delta)) * value;
+    if (kind == ELEMENT_TERNARY) /* ((x > delta) - (x < -delta)) * value, for a value >= 0: +-value or +0 */
+        result = v > delta ? value : (v < -delta ? -1.0f * value : 0.0f);
     else if (kind == ELEMENT_BIPOLAR)
         result = v >= 0.0f ? value : -1.0f * value;
     else
