@@ -241,11 +241,14 @@ static void min_max(const float *x, int64_t n, float *low, float *high) {
             highs[k] = v > highs[k] ? v : highs[k];
         }
     }
-    for (int width = 8; width >= 1; width /= 2) /* a tree: short dependency chains */
-        for (int k = 0; k < width; k++) {
-            lows[k] = lows[k + width] < lows[k] ? lows[k + width] : lows[k];
-            highs[k] = highs[k + width] > highs[k] ? highs[k + width] : highs[k];
-        }
+    /* a tree of fixed widths (short dependency chains; each level one vector operation) */
+#define LB_HALVE(WIDTH) \
+    for (int k = 0; k < WIDTH; k++) { \
+        lows[k] = lows[k + WIDTH] < lows[k] ? lows[k + WIDTH] : lows[k]; \
+        highs[k] = highs[k + WIDTH] > highs[k] ? highs[k + WIDTH] : highs[k]; \
+    }
+    LB_HALVE(8) LB_HALVE(4) LB_HALVE(2) LB_HALVE(1)
+#undef LB_HALVE
     *low = lows[0] < *low ? lows[0] : *low;
     *high = highs[0] > *high ? highs[0] : *high;
 }
