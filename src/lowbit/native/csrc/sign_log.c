@@ -37,6 +37,23 @@ static inline int log_negative_mode(int mode) {
     }
 }
 
+/* lb_round for a position in [0, 2] (never NaN), written so that its loops vectorise: the directed modes by
+ * an integer conversion (floorf / ceilf stay calls here), the nearest modes with both tie candidates. */
+static inline float log_round(float position, int mode) {
+    float whole = (float)(int32_t)position; /* floor for nonnegative positions */
+    switch (mode) {
+    case LB_TOWARD_ZERO: case LB_DOWN: return whole;
+    case LB_AWAY_FROM_ZERO: case LB_UP: return whole < position ? whole + 1.0f : whole;
+    case LB_NEAREST_EVEN: return rintf(position);
+    default: break;
+    }
+    /* a tie (a half) goes up for nearest_away / nearest_up and down otherwise, the position being >= 0; both
+     * candidates computed for every lane, so the loop vectorises */
+    float nearest = rintf(position), higher = position + 0.5f, lower = position - 0.5f;
+    float tie_value = mode == LB_NEAREST_AWAY || mode == LB_NEAREST_UP ? higher : lower;
+    return fabsf(position - nearest) == 0.5f ? tie_value : nearest;
+}
+
 typedef struct {
     const float *x;
     float *out;
@@ -70,7 +87,7 @@ static inline float log_value(float v, int32_t min_exponent, int32_t top_code, f
     fraction = below ? small : fraction;
     float parity = (float)(lower_code & 1);
     float position = parity + fraction;
-    float negative = lb_round(position, log_negative_mode(mode)), positive = lb_round(position, mode);
+    float negative = log_round(position, log_negative_mode(mode)), positive = log_round(position, mode);
     float rounded = v < 0.0f ? negative : positive;
     int32_t code = lower_code + (int32_t)(rounded - parity);
     code = code < top_code ? code : top_code;
@@ -99,13 +116,27 @@ static inline float log_value_normal(float v, int32_t min_exponent, int32_t top_
     fraction = lower_code == 0 ? small : fraction;
     float parity = (float)(lower_code & 1);
     float position = parity + fraction;
-    float negative = lb_round(position, log_negative_mode(mode)), positive = lb_round(position, mode);
+    float negative = log_round(position, log_negative_mode(mode)), positive = log_round(position, mode);
     float rounded = v < 0.0f ? negative : positive;
     int32_t code = lower_code + (int32_t)(rounded - parity);
     code = code < top_code ? code : top_code;
     float power = lb_float((uint32_t)(min_exponent + code - 1 + 127) << 23);
     float value = copysignf(code == 0 ? 0.0f : power, v);
     return v != v ? v : value;
+}
+
+/* log.nearest_power_of_two (the eager path of nearest_even in the linear domain, 2^(min_exponent - 1) a
+ * normal float32): round the significand to no fraction bits, ties to the even exponent code by adding the
+ * parity, clamp, zero at or under the midpoint 2^(min_exponent - 1), sign copied, NaN kept. */
+static inline float log_nearest_even(float v, uint32_t parity_add, float smallest, float largest, float half) {
+    uint32_t bits = lb_bits(v) & 0x7fffffffu;
+    uint32_t parity = ((bits >> 23) + parity_add) & 1u;
+    float power = lb_float((parity + bits + 0x3fffffu) & 0x7f800000u);
+    power = power < smallest ? smallest : power;
+    power = power > largest ? largest : power;
+    power = lb_float(bits) <= half ? 0.0f : power;
+    power = copysignf(power, v);
+    return v != v ? v : power;
 }
 
 #define LOG_LOOP(MODE) \
@@ -125,6 +156,13 @@ static void log_range(const void *context, int64_t begin, int64_t end) {
     int32_t min_exponent = job->min_exponent, top_code = job->top_code;
     float below_sqrt2 = job->below_sqrt2;
     int log_domain = job->log_domain, normal = min_exponent >= -125 && min_exponent <= 126;
+    if (job->mode == LB_NEAREST_EVEN && !log_domain && min_exponent >= -125 && min_exponent <= 127) {
+        uint32_t parity_add = (uint32_t)min_exponent & 1u;
+        float smallest = lb_float((uint32_t)(min_exponent + 127) << 23), half = lb_float((uint32_t)(min_exponent + 126) << 23);
+        float largest = lb_float((uint32_t)(min_exponent + top_code - 1 + 127) << 23);
+        for (int64_t i = begin; i < end; i++) out[i] = log_nearest_even(x[i], parity_add, smallest, largest, half);
+        return;
+    }
     LB_FOR_EACH_MODE(job->mode, LOG_LOOP)
 }
 
