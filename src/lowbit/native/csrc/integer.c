@@ -15,6 +15,7 @@ enum { SCALE_F32, SCALE_F16, SCALE_BF16 };
 enum { LAYOUT_TENSOR, LAYOUT_ROWS, LAYOUT_CHANNELS, LAYOUT_GIVEN };
 #define STAT_GRAIN 65536
 #define MAX_PARTS 64
+#define BATCH 64 /* blocks of a row chunk taken together */
 
 static inline float clamp_codes(float v, float low, float high) { /* torch.clamp: NaN stays NaN */
     return v < low ? low : (v > high ? high : v);
@@ -197,25 +198,51 @@ static float pinned_scale(const lb_affine_spec *c, affine_params p, float low, f
     return shorten_scale(safe_scale(pinned), c->shorten_bits);
 }
 
-/* low <= 0 <= high: the block's finite extremes widened to include zero */
-static affine_params derive(const lb_affine_spec *c, float low, float high) {
-    affine_params p;
+/* The raw min-max scale of a block whose finite extremes, widened to include zero, are low <= 0 <= high; low /
+ * high become the extremes _fit_scale sees (+-max|x| for a symmetric scale). Divisions only, so that a loop
+ * over blocks vectorises. */
+static inline float raw_scale(const lb_affine_spec *c, float *low, float *high) {
     if (c->kind == KIND_FULL_RANGE) {
-        float from_low = low / c->q_min, from_high = high / c->q_max;
-        p = fit_scale(c, from_low > from_high ? from_low : from_high, low, high, 0);
-    } else if (c->kind == KIND_SYMMETRIC) {
-        float amax = high > -low ? high : -low;
-        p = fit_scale(c, amax / c->q_max, -amax, amax, 0);
-    } else {
-        float span = high - low, levels = c->q_max - c->q_min;
-        float raw = isinf(span) ? high / levels - low / levels : span / levels;
-        int pins = c->mode == LB_TOWARD_ZERO && !c->power_of_two;
-        p = fit_scale(c, raw, low, high, pins);
-        if (pins) p.scale = pinned_scale(c, p, low, high);
+        float from_low = *low / c->q_min, from_high = *high / c->q_max;
+        return from_low > from_high ? from_low : from_high;
     }
-    p.inverse = 1.0f / p.scale;
-    p.bounded = values_bounded(p.scale, p.zero_point, c->clamp_low, c->clamp_high);
+    if (c->kind == KIND_SYMMETRIC) {
+        float amax = *high > -*low ? *high : -*low;
+        *low = -amax, *high = amax;
+        return amax / c->q_max;
+    }
+    float span = *high - *low, levels = c->q_max - c->q_min; /* span is never NaN: fabsf > max is isinf */
+    return fabsf(span) > FLT_MAX ? *high / levels - *low / levels : span / levels;
+}
+
+/* the fitted scale and zero point from the raw scale (inverse and bounded: see complete) */
+static affine_params fitted(const lb_affine_spec *c, float raw, float low, float high) {
+    int pins = c->kind == KIND_ASYMMETRIC && c->mode == LB_TOWARD_ZERO && !c->power_of_two;
+    affine_params p = fit_scale(c, raw, low, high, pins);
+    if (pins) p.scale = pinned_scale(c, p, low, high);
     return p;
+}
+
+static inline void complete(const lb_affine_spec *c, affine_params *p, float inverse) {
+    p->inverse = inverse;
+    p->bounded = values_bounded(p->scale, p->zero_point, c->clamp_low, c->clamp_high);
+}
+
+static affine_params derive(const lb_affine_spec *c, float low, float high) {
+    float raw = raw_scale(c, &low, &high);
+    affine_params p = fitted(c, raw, low, high);
+    complete(c, &p, 1.0f / p.scale);
+    return p;
+}
+
+/* derive for `count` blocks at once: the divisions in loops of their own (vector divisions) */
+static void derive_batch(const lb_affine_spec *c, float *lows, float *highs, int64_t count, affine_params *params) {
+    float raws[BATCH], inverses[BATCH];
+    for (int64_t k = 0; k < count; k++) raws[k] = raw_scale(c, lows + k, highs + k);
+    for (int64_t k = 0; k < count; k++) params[k] = fitted(c, raws[k], lows[k], highs[k]);
+    for (int64_t k = 0; k < count; k++) inverses[k] = params[k].scale;
+    for (int64_t k = 0; k < count; k++) inverses[k] = 1.0f / inverses[k];
+    for (int64_t k = 0; k < count; k++) complete(c, params + k, inverses[k]);
 }
 
 /* ---- statistics ---------------------------------------------------------------------------------------- */
@@ -369,7 +396,6 @@ static void channel_statistics(const void *context, int64_t begin, int64_t end) 
 
 /* rows of `length` elements, each cut into blocks of `block` (the last one shorter); the blocks of a chunk are
  * taken BATCH at a time: statistics, then parameters (independent divisions overlap), then elements. */
-#define BATCH 64
 
 static void row_range(const void *context, int64_t begin, int64_t end) {
     const affine_job *job = context;
@@ -386,7 +412,7 @@ static void row_range(const void *context, int64_t begin, int64_t end) {
             lows[k] = highs[k] = 0.0f;
             min_max(job->x + row * job->length + start, size, lows + k, highs + k);
         }
-        for (int64_t k = 0; k < count; k++) params[k] = derive(c, lows[k], highs[k]);
+        derive_batch(c, lows, highs, count, params);
         for (int64_t k = 0; k < count; k++) {
             int64_t row = (batch + k) / per_row, start = (batch + k) % per_row * job->block;
             int64_t size = job->length - start < job->block ? job->length - start : job->block;
