@@ -59,6 +59,17 @@ static inline double pow2_double(int k) { /* torch.ldexp(1.0, k) in float64: inf
 
 static inline double clamp_double(double v, double limit) { return v > limit ? limit : (v < -limit ? -limit : v); }
 
+/* lb_grid_round with the division by the step (a power of two) done as a multiplication by its reciprocal,
+ * which is exact whenever the reciprocal is a normal float (both give the one correctly rounded v / step);
+ * the one step whose reciprocal is not (2^127, from inf with M = 1) leaves v as it is, as v / step does. */
+static inline float grid_round_fast(float v, int32_t mantissa_shift, int32_t smallest_field, int mode) {
+    int32_t field = (int32_t)(lb_bits(v) & 0x7f800000u) - mantissa_shift;
+    field = field < smallest_field ? smallest_field : field;
+    float step = lb_float((uint32_t)field), inverse = lb_float((uint32_t)((254 << 23) - field));
+    float scaled = field >= (254 << 23) ? v : v * inverse;
+    return lb_round(scaled, mode) * step;
+}
+
 /* The grid step 2^(max(floor_log2 |v|, min_exponent) - M) with min_exponent - M >= -149 (any v). */
 static inline float general_step(float v, int min_exponent, int mantissa_bits) {
     int exponent = floor_log2_float(v);
@@ -93,6 +104,16 @@ LB_INLINE int32_t non_nan_abs_max_bits(const float *restrict x, int64_t length) 
     for (int64_t k = 0; k < length; k++) {
         int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
         magnitude = magnitude <= 0x7f800000 ? magnitude : 0;
+        largest = magnitude > largest ? magnitude : largest;
+    }
+    return largest;
+}
+
+/* The largest magnitude bit pattern: >= 0x7f800000 when the block holds an inf or a NaN. */
+LB_INLINE int32_t abs_max_bits(const float *restrict x, int64_t length) {
+    int32_t largest = 0;
+    for (int64_t k = 0; k < length; k++) {
+        int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
         largest = magnitude > largest ? magnitude : largest;
     }
     return largest;
@@ -193,12 +214,12 @@ static ocp_element make_element(int mantissa_bits, int min_exponent, float max_v
 }
 
 static inline float round_saturating(float y, ocp_element element, int mode) {
-    return lb_clamp(lb_grid_round(y, element.mantissa_shift, element.smallest_field, mode), element.max_value);
+    return lb_clamp(grid_round_fast(y, element.mantissa_shift, element.smallest_field, mode), element.max_value);
 }
 
 /* Without saturation: an overflow goes past max (to inf / NaN) unless the mode stops it at max. */
 static inline float round_overflowing(float y, ocp_element element, int mode) {
-    float unbounded = lb_grid_round(y, element.mantissa_shift, element.smallest_field, mode);
+    float unbounded = grid_round_fast(y, element.mantissa_shift, element.smallest_field, mode);
     float special = element.overflow_inf ? copysignf(INFINITY, y) : NAN;
     int goes_past = y > 0.0f ? element.past_positive : element.past_negative;
     float bounded = element.max_value * lb_sign(y);
@@ -330,7 +351,7 @@ LB_INLINE void grid_block(const float *restrict x, float *restrict out, int64_t 
                               int min_exponent, float limit, int mode) {
     if (mantissa_bits >= 1 && min_exponent - mantissa_bits >= -126) { /* the bit path: every step normal */
         int32_t shift = mantissa_bits << 23, smallest = (min_exponent - mantissa_bits + 127) << 23;
-        for (int64_t k = 0; k < length; k++) out[k] = lb_clamp(lb_grid_round(x[k], shift, smallest, mode), limit);
+        for (int64_t k = 0; k < length; k++) out[k] = lb_clamp(grid_round_fast(x[k], shift, smallest, mode), limit);
     } else {
         for (int64_t k = 0; k < length; k++) {
             float step = general_step(x[k], min_exponent, mantissa_bits);
@@ -533,6 +554,40 @@ static inline float power_of_two(float v, int min_exponent, int max_exponent, co
     return isnan(v) ? v : value;
 }
 
+/* log.nearest_power_of_two_finite (finite blocks, 2^(min_exponent - 1) normal): rounding the significand to
+ * no fraction bits, ties to the even exponent code, by an integer add; clamp; zero below the midpoint. */
+LB_INLINE void nearest_power_float(const float *restrict x, float *restrict out, int64_t length, int min_exponent,
+                                   int max_exponent) {
+    uint32_t parity_offset = (uint32_t)(min_exponent & 1);
+    float smallest = exact_pow2_float(min_exponent), largest = exact_pow2_float(max_exponent > 127 ? 127 : max_exponent);
+    float midpoint = exact_pow2_float(min_exponent - 1);
+    for (int64_t k = 0; k < length; k++) {
+        float magnitude = fabsf(x[k]);
+        uint32_t bits = lb_bits(magnitude), parity = ((bits >> 23) + parity_offset) & 1u;
+        float power = lb_float((parity + bits + (1u << 22) - 1u) & 0x7f800000u);
+        power = power < smallest ? smallest : (power > largest ? largest : power);
+        out[k] = copysignf(power * (magnitude > midpoint ? 1.0f : 0.0f), x[k]);
+    }
+}
+
+/* The same in float64 (blocks whose smallest powers are float32 subnormals), cast back to float32. */
+LB_INLINE void nearest_power_double(const float *restrict x, float *restrict out, int64_t length, int min_exponent,
+                                    int max_exponent) {
+    uint64_t parity_offset = (uint64_t)(min_exponent & 1);
+    double smallest = pow2_double(min_exponent), largest = pow2_double(max_exponent > 127 ? 127 : max_exponent);
+    double midpoint = pow2_double(min_exponent - 1);
+    for (int64_t k = 0; k < length; k++) {
+        double magnitude = fabs((double)x[k]), power;
+        uint64_t bits, parity;
+        memcpy(&bits, &magnitude, 8);
+        parity = ((bits >> 52) + parity_offset) & 1u;
+        bits = (parity + bits + (1ull << 51) - 1u) & 0x7ff0000000000000ull;
+        memcpy(&power, &bits, 8);
+        power = power < smallest ? smallest : (power > largest ? largest : power);
+        out[k] = (float)copysign(power * (magnitude > midpoint ? 1.0 : 0.0), (double)x[k]);
+    }
+}
+
 LB_INLINE void block_log_block(const block_log_job *job, int64_t index, const float *restrict x, float *restrict out,
                                int64_t length, int mode) {
     (void)index;
@@ -546,6 +601,11 @@ LB_INLINE void block_log_block(const block_log_job *job, int64_t index, const fl
     int bias = job->top_code - ceil_log2;
     bias = bias < 0 ? 0 : (bias > job->max_bias ? job->max_bias : bias);
     int min_exponent = 1 - bias, max_exponent = job->top_code - bias;
+    if (mode == LB_NEAREST_EVEN && !job->log_domain && abs_max_bits(x, length) < 0x7f800000) { /* finite */
+        if (min_exponent - 1 >= -126) nearest_power_float(x, out, length, min_exponent, max_exponent);
+        else nearest_power_double(x, out, length, min_exponent, max_exponent);
+        return;
+    }
     for (int64_t k = 0; k < length; k++) out[k] = power_of_two(x[k], min_exponent, max_exponent, job, mode);
 }
 
