@@ -477,12 +477,21 @@ typedef struct {
  * lies above it counts only when x is past it). */
 static void residual_range(const void *context, int64_t begin, int64_t end) {
     const residual_job *job = context;
-    for (int64_t i = begin; i < end; i++) {
-        float v = job->x[i];
-        int index = 0;
-        for (int p = 0; p < job->points; p++)
-            index += job->above[p] ? v > job->midpoints[p] : v >= job->midpoints[p];
-        job->out[i] = v != v ? v : job->values[index];
+    enum { CHUNK = 512 };
+    int32_t index[CHUNK];
+    for (int64_t start = begin; start < end; start += CHUNK) {
+        int64_t length = end - start < CHUNK ? end - start : CHUNK;
+        const float *x = job->x + start;
+        float *out = job->out + start;
+        for (int64_t i = 0; i < length; i++) index[i] = 0;
+        for (int p = 0; p < job->points; p++) { /* one midpoint over the chunk: vectorises */
+            float midpoint = job->midpoints[p];
+            if (job->above[p])
+                for (int64_t i = 0; i < length; i++) index[i] += x[i] > midpoint;
+            else
+                for (int64_t i = 0; i < length; i++) index[i] += x[i] >= midpoint;
+        }
+        for (int64_t i = 0; i < length; i++) out[i] = x[i] != x[i] ? x[i] : job->values[index[i]];
     }
 }
 
