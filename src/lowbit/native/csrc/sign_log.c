@@ -479,6 +479,8 @@ static void residual_range(const void *context, int64_t begin, int64_t end) {
     const residual_job *job = context;
     enum { CHUNK = 512 };
     int32_t index[CHUNK];
+    float values[RESIDUAL_MAX_POINTS + 1];
+    memcpy(values, job->values, sizeof values);
     for (int64_t start = begin; start < end; start += CHUNK) {
         int64_t length = end - start < CHUNK ? end - start : CHUNK;
         const float *x = job->x + start;
@@ -491,7 +493,10 @@ static void residual_range(const void *context, int64_t begin, int64_t end) {
             else
                 for (int64_t i = 0; i < length; i++) index[i] += x[i] >= midpoint;
         }
-        for (int64_t i = 0; i < length; i++) out[i] = x[i] != x[i] ? x[i] : job->values[index[i]];
+        for (int64_t i = 0; i < length; i++) {
+            float value = values[index[i]]; /* read for every lane, NaN's too (its index is in range) */
+            out[i] = x[i] != x[i] ? x[i] : value;
+        }
     }
 }
 
