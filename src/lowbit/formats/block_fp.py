@@ -41,9 +41,9 @@ from lowbit.formats.blocking import (
     apply_blockwise,
     block_shape,
     can_branch_on_data,
-    contiguous_runs,
     finite_extremes,
     finite_min_max,
+    runs_of,
     scaled_bits_per_element,
 )
 from lowbit.formats.rounding import round_to_integer
@@ -223,7 +223,7 @@ class BlockFP(FormatSpec):
         """Blocks that are contiguous runs (along the last dimension, per row, per tensor) run natively."""
         if x.dim() == 0 or (self.axis is not None and not -x.dim() <= self.axis < x.dim()):
             return None
-        runs = contiguous_runs(x.shape, block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim))
+        runs = runs_of(x.shape, self.block_size, self.axis, self.skip_first_dim)
         if runs is None:
             return None
         max_exponent = min(self.max_exponent, dtype_max_exponent(x.dtype))

@@ -31,9 +31,9 @@ from lowbit.formats.blocking import (
     apply_blockwise,
     block_shape,
     can_branch_on_data,
-    contiguous_runs,
     finite_abs_max,
     finite_extremes,
+    runs_of,
     scaled_bits_per_element,
 )
 from lowbit.formats.log import (
@@ -118,7 +118,7 @@ class BlockLog(FormatSpec):
         """Blocks that are contiguous runs (along the last dimension, per row, per tensor) run natively."""
         if x.dim() == 0 or (self.axis is not None and not -x.dim() <= self.axis < x.dim()):
             return None
-        runs = contiguous_runs(x.shape, block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim))
+        runs = runs_of(x.shape, self.block_size, self.axis, self.skip_first_dim)
         if runs is None:
             return None
         below_sqrt2 = _largest_float_below_sqrt2(torch.float32) if self.log_domain else 0.0

@@ -38,8 +38,8 @@ from lowbit.formats.blocking import (
     apply_blockwise,
     block_shape,
     can_branch_on_data,
-    contiguous_runs,
     finite_extremes,
+    runs_of,
     scaled_bits_per_element,
 )
 from lowbit.native import block as native_block
@@ -150,7 +150,7 @@ class BlockMinifloat(FormatSpec):
         """Blocks that are contiguous runs (along the last dimension, per row, per tensor) run natively."""
         if x.dim() == 0:
             return None
-        runs = contiguous_runs(x.shape, block_shape(x.shape, self.block_size, None, self.skip_first_dim))
+        runs = runs_of(x.shape, self.block_size, None, self.skip_first_dim)
         if runs is None:
             return None
         max_shared = min(self.max_shared_exponent, dtype_max_exponent(x.dtype))

@@ -15,6 +15,7 @@ axis and the whole extent elsewhere.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -125,6 +126,21 @@ def contiguous_runs(shape: Sequence[int], block: Sequence[int]) -> tuple[int, in
     for dim in shape[:cut]:
         rows *= dim
     return rows, shape[cut] * inner, block[cut] * inner
+
+
+def runs_of(shape: Sequence[int], block_size, axis: int | None = None,
+            skip_first_dim: bool = False) -> tuple[int, int, int] | None:  # fmt: skip
+    """``contiguous_runs`` of ``block_shape(shape, block_size, axis, skip_first_dim)``, remembered per
+    parameters (the native kernels ask once per call; the axis must already be valid for the shape)."""
+    try:
+        return _cached_runs(tuple(shape), block_size, axis, skip_first_dim)
+    except TypeError:  # an unhashable block_size
+        return contiguous_runs(shape, block_shape(shape, block_size, axis, skip_first_dim))
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_runs(shape: tuple[int, ...], block_size, axis, skip_first_dim: bool) -> tuple[int, int, int] | None:
+    return contiguous_runs(shape, block_shape(shape, block_size, axis, skip_first_dim))
 
 
 def block_statistics(x: torch.Tensor, block: Sequence[int], statistic: BlockFn) -> torch.Tensor:

@@ -53,10 +53,10 @@ from lowbit.formats.blocking import (
     apply_blockwise,
     block_shape,
     block_statistics,
-    contiguous_runs,
     finite_abs_max,
     normalize_axis,
     num_blocks,
+    runs_of,
 )
 from lowbit.native import block as native_block
 
@@ -197,7 +197,7 @@ class _MXFormat(FormatSpec):
         out_dtype's largest value as ``_quantize_for`` does."""
         if out_dtype not in _NATIVE_OUT_DTYPES or x.dim() == 0 or not -x.dim() <= self.axis < x.dim():
             return None
-        runs = contiguous_runs(x.shape, self._block(tuple(x.shape)))
+        runs = runs_of(x.shape, (self.block_size,), self.axis, self.skip_first_dim)
         if runs is None:
             return None
         element = self.element

@@ -48,10 +48,10 @@ from lowbit.formats.blocking import (
     apply_blockwise,
     block_shape,
     block_statistics,
-    contiguous_runs,
     finite_abs_max,
     finite_min_max,
     given_per_axis,
+    runs_of,
     scaled_bits_per_element,
 )
 from lowbit.formats.minifloat import FloatGrid
@@ -229,7 +229,7 @@ class _OcpFloat(FormatSpec):
             return self._native_given(x, grid)
         if self.scale_dtype != "f32":
             return None
-        runs = contiguous_runs(x.shape, block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim))
+        runs = runs_of(x.shape, self.block_size, self.axis, self.skip_first_dim)
         return None if runs is None else native_block.ocp_scaled(x, runs, None, 1, *grid)
 
     def _native_given(self, x: torch.Tensor, grid: tuple) -> torch.Tensor | None:
