@@ -17,15 +17,21 @@ enum {
 
 static inline float lb_sign(float v) { return v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : v); } /* torch.sign */
 
+/* floor and ceil built on rintf: the same values and zero signs as floorf / ceilf (each result carries the
+ * sign of its input), but GCC 12 vectorises rintf and not floorf under the default -ftrapping-math (floorf
+ * must not raise "inexact"), which made the directed modes several times slower. */
+static inline float lb_floor(float v) { float r = rintf(v); return copysignf(r > v ? r - 1.0f : r, v); }
+static inline float lb_ceil(float v) { float r = rintf(v); return copysignf(r < v ? r + 1.0f : r, v); }
+
 /* rounding.round_to_integer for one float32 value (the mode is a constant in each unswitched loop). */
 static inline float lb_round(float v, int mode) {
     float nearest, step;
     switch (mode) {
     case LB_NEAREST_EVEN: return rintf(v);
-    case LB_TOWARD_ZERO: return truncf(v);
-    case LB_UP: return ceilf(v);
-    case LB_DOWN: return floorf(v);
-    case LB_AWAY_FROM_ZERO: return v >= 0.0f ? ceilf(v) : floorf(v);
+    case LB_TOWARD_ZERO: return copysignf(lb_floor(fabsf(v)), v);
+    case LB_UP: return lb_ceil(v);
+    case LB_DOWN: return lb_floor(v);
+    case LB_AWAY_FROM_ZERO: return copysignf(lb_ceil(fabsf(v)), v);
     default: break;
     }
     nearest = rintf(v);

@@ -23,22 +23,6 @@ static inline float clamp_codes(float v, float low, float high) { /* torch.clamp
 
 static inline int is_directed(int mode) { return mode >= LB_TOWARD_ZERO; }
 
-/* floor / ceil / trunc / away from zero built on rintf: the same values and zero signs as floorf and friends
- * (each result carries the sign of its input), but GCC 12 vectorises rintf and not floorf under the default
- * -ftrapping-math (floorf must not raise "inexact"), which made the directed modes several times slower. */
-static inline float floor_by_rint(float v) { float r = rintf(v); return copysignf(r > v ? r - 1.0f : r, v); }
-static inline float ceil_by_rint(float v) { float r = rintf(v); return copysignf(r < v ? r + 1.0f : r, v); }
-
-static inline float round_integer(float v, int mode) { /* lb_round */
-    switch (mode) {
-    case LB_TOWARD_ZERO: return copysignf(floor_by_rint(fabsf(v)), v);
-    case LB_AWAY_FROM_ZERO: return copysignf(ceil_by_rint(fabsf(v)), v);
-    case LB_UP: return ceil_by_rint(v);
-    case LB_DOWN: return floor_by_rint(v);
-    default: return lb_round(v, mode);
-    }
-}
-
 /* ---- fixed point ------------------------------------------------------------------------------------ */
 typedef struct {
     const float *x;
@@ -50,7 +34,7 @@ typedef struct {
 static inline float fixed_value(float v, fixed_job job, int keep_sign, int mode) {
     float scaled = v * job.multiplier;
     if (keep_sign && scaled == 0.0f && v != 0.0f) scaled = lb_sign(v) * FLT_MIN; /* underflow keeps the side */
-    return clamp_codes(round_integer(scaled, mode), job.q_min, job.q_max) * job.step;
+    return clamp_codes(lb_round(scaled, mode), job.q_min, job.q_max) * job.step;
 }
 
 /* the job's fields copied into locals (stores to out could otherwise alias them), keep_sign a constant */
@@ -88,7 +72,7 @@ static inline float directed_steps(float v, float scale, float steps, int mode) 
 }
 
 static inline float round_steps(float v, float scale, float inverse, int mode) {
-    float steps = round_integer(v * inverse, mode);
+    float steps = lb_round(v * inverse, mode);
     return is_directed(mode) ? directed_steps(v, scale, steps, mode) : steps;
 }
 
