@@ -1,4 +1,4 @@
-"""The native log / binary / binary_residual / ternary kernels (csrc/sign_log.c) give the eager path's bits on
+"""The native log / binary / binary_residual / ternary kernels (csrc/log.c, csrc/sign.c) give the eager path's bits on
 the parameter variants the shared case table leaves out: other biases and widths, log-domain rounding in
 every mode, per-channel statistics on every axis, given scales, thresholds from statistics, non-finite data,
 0-d and multi-threaded tensors; and they decline (None) where they do not apply."""
