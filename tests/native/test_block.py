@@ -9,7 +9,7 @@ import torch
 
 import lowbit
 from helpers import DETERMINISTIC
-from lowbit.formats.blocking import contiguous_runs
+from lowbit.formats.blocking import contiguous_runs, runs_of
 from lowbit.native import build
 from test_equal_to_eager import assert_bits_equal, random_patterns
 
@@ -125,3 +125,6 @@ def test_contiguous_runs():
     assert contiguous_runs((3, 4, 5), (3, 1, 5)) is None
     assert contiguous_runs((4, 100), (2, 32)) is None
     assert contiguous_runs((), ()) is None
+    assert runs_of((4, 100), (32,)) == runs_of((4, 100), (32,)) == (4, 100, 32)  # remembered: the same answer
+    assert runs_of((4, 100), [1, 32]) == (4, 100, 32)  # an unhashable block_size is computed each time
+    assert runs_of((6, 8), None, 0) == (1, 48, 8)  # per channel on the first dimension: a block per row
