@@ -1,4 +1,4 @@
-"""Native kernels of the integer family (csrc/integer.c): fixed point (``integer`` / ``fixed``) and affine
+"""Native kernels of the integer family (csrc/fixed.c, csrc/affine.c with affine_params.h): fixed point (``integer`` / ``fixed``) and affine
 (given or min-max scales per tensor, per channel or per block of the last dimension; the Burn presets).
 
 Each function takes a float32 contiguous CPU tensor and a format spec (read by attribute: this layer does not
