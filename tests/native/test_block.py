@@ -1,6 +1,6 @@
-"""Block kernels (csrc/block.c) beyond the case table: parameter variants of the OCP elements, MX, block_fp,
-block_minifloat and block_log, each bit for bit the eager path's result, and the kernel really running where it
-should (None only where it is documented not to apply)."""
+"""Block kernels (csrc/block_ocp.c, block_scaled.c, block_log.c) beyond the case table: parameter variants of the
+OCP elements, MX, block_fp, block_minifloat and block_log, each bit for bit the eager path's result, and the
+kernel really running where it should (None only where it is documented not to apply)."""
 
 from __future__ import annotations
 

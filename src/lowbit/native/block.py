@@ -1,8 +1,8 @@
-"""Entry points of the block kernels (csrc/block.c): OCP element casts, scaled OCP elements, MX, block_fp and
-block_minifloat. Blocks are contiguous runs: ``rows`` rows of ``row_length`` floats cut into blocks of
-``block_length`` (the last block of a row may be shorter), as ``blocking.contiguous_runs`` describes them.
-Each function returns a float32 tensor, or None where no library is loaded or the rounding mode has no code
-(stochastic): the caller then runs the eager path."""
+"""Entry points of the block kernels (csrc/block_ocp.c, block_scaled.c, block_log.c): OCP element casts, scaled OCP
+elements, MX, block_fp, block_minifloat and block_log. Blocks are contiguous runs: ``rows`` rows of
+``row_length`` floats cut into blocks of ``block_length`` (the last block of a row may be shorter), as
+``blocking.contiguous_runs`` describes them. Each function returns a float32 tensor, or None where no library is
+loaded or the rounding mode has no code (stochastic): the caller then runs the eager path."""
 
 from __future__ import annotations
 

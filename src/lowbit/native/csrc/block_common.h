@@ -1,0 +1,223 @@
+/* Shared by the block kernels (block_ocp.c, block_scaled.c, block_log.c): block-scaled formats along
+ * contiguous runs, each block's statistics and the rounding of its elements in one pass over the block (which
+ * sits in L1).
+ *
+ * Geometry: the tensor is `rows` rows of `row_length` contiguous floats, each cut into blocks of
+ * `block_length` (the last one shorter: the eager path's zero padding changes no statistic). Every function
+ * mirrors the eager float operations in order, so the results are bit-identical. */
+#ifndef LOWBIT_BLOCK_COMMON_H
+#define LOWBIT_BLOCK_COMMON_H
+
+#include "common.h"
+
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t row_length, block_length, blocks_per_row;
+} block_geometry;
+
+/* ---- exact helpers -------------------------------------------------------------------------------------- */
+static inline double round_double(double v, int mode) { /* lb_round for doubles */
+    double nearest, step;
+    switch (mode) {
+    case LB_NEAREST_EVEN: return rint(v);
+    case LB_TOWARD_ZERO: return trunc(v);
+    case LB_UP: return ceil(v);
+    case LB_DOWN: return floor(v);
+    case LB_AWAY_FROM_ZERO: return v >= 0.0 ? ceil(v) : floor(v);
+    default: break;
+    }
+    nearest = rint(v);
+    double sign = v > 0.0 ? 1.0 : (v < 0.0 ? -1.0 : v);
+    switch (mode) {
+    case LB_NEAREST_UP: step = 1.0; break;
+    case LB_NEAREST_DOWN: step = -1.0; break;
+    case LB_NEAREST_AWAY: step = sign; break;
+    default: step = -sign; break;
+    }
+    return copysign(fabs(v - nearest) == 0.5 ? v + 0.5 * step : nearest, v);
+}
+
+/* floor(log2 |v|) exactly (subnormals too); zero: -1000; inf / NaN: -1 (as _float_grid.floor_log2). */
+static inline int floor_log2_float(float v) {
+    uint32_t magnitude = lb_bits(v) & 0x7fffffffu, field = magnitude >> 23;
+    if (field == 255) return -1;
+    if (field) return (int)field - 127;
+    if (!magnitude) return -1000;
+    return 31 - __builtin_clz(magnitude) - 149;
+}
+
+static inline float pow2_float(int k) { /* 2^k for k in [-149, 127] */
+    return k >= -126 ? lb_float((uint32_t)(k + 127) << 23) : lb_float(1u << (k + 149));
+}
+
+static inline double pow2_double(int k) { /* torch.ldexp(1.0, k) in float64: inf above, 0 far below */
+    uint64_t bits;
+    double value;
+    if (k > 1023) return INFINITY;
+    if (k < -1074) return 0.0;
+    bits = k >= -1022 ? (uint64_t)(k + 1023) << 52 : 1ull << (k + 1074);
+    memcpy(&value, &bits, 8);
+    return value;
+}
+
+static inline double clamp_double(double v, double limit) { return v > limit ? limit : (v < -limit ? -limit : v); }
+
+/* lb_grid_round with the division by the step (a power of two) done as a multiplication by its reciprocal,
+ * which is exact whenever the reciprocal is a normal float (both give the one correctly rounded v / step);
+ * the one step whose reciprocal is not (2^127, from inf with M = 1) leaves v as it is, as v / step does. */
+static inline float grid_round_fast(float v, int32_t mantissa_shift, int32_t smallest_field, int mode) {
+    int32_t field = (int32_t)(lb_bits(v) & 0x7f800000u) - mantissa_shift;
+    field = field < smallest_field ? smallest_field : field;
+    float step = lb_float((uint32_t)field), inverse = lb_float((uint32_t)((254 << 23) - field));
+    float scaled = field >= (254 << 23) ? v : v * inverse;
+    return lb_round(scaled, mode) * step;
+}
+
+/* The grid step 2^(max(floor_log2 |v|, min_exponent) - M) with min_exponent - M >= -149 (any v). */
+static inline float general_step(float v, int min_exponent, int mantissa_bits) {
+    int exponent = floor_log2_float(v);
+    return pow2_float((exponent > min_exponent ? exponent : min_exponent) - mantissa_bits);
+}
+
+#define LB_INLINE static inline __attribute__((always_inline))
+
+/* Per block: finite min widened to zero, finite max widened to zero, and whether an inf is present. */
+typedef struct { float low, high; int has_inf; } block_extremes;
+
+LB_INLINE block_extremes extremes_of(const float *restrict x, int64_t length) {
+    /* bit patterns (signed: the reductions vectorise): the largest non-negative finite value, the largest
+     * magnitude of a negative one */
+    int32_t high = 0, low = 0, infinite = 0;
+    for (int64_t k = 0; k < length; k++) {
+        uint32_t bits = lb_bits(x[k]);
+        int32_t magnitude = (int32_t)(bits & 0x7fffffffu);
+        int32_t finite = magnitude < 0x7f800000 ? magnitude : 0;
+        int32_t positive = (int32_t)bits < 0 ? 0 : finite, negative = (int32_t)bits < 0 ? finite : 0;
+        high = positive > high ? positive : high;
+        low = negative > low ? negative : low;
+        infinite |= magnitude == 0x7f800000;
+    }
+    block_extremes result = {-lb_float((uint32_t)low), lb_float((uint32_t)high), infinite};
+    return result;
+}
+
+/* max |x| over the elements that are not NaN, as bits: 0x7f800000 when the block holds an inf. */
+LB_INLINE int32_t non_nan_abs_max_bits(const float *restrict x, int64_t length) {
+    int32_t largest = 0;
+    for (int64_t k = 0; k < length; k++) {
+        int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
+        magnitude = magnitude <= 0x7f800000 ? magnitude : 0;
+        largest = magnitude > largest ? magnitude : largest;
+    }
+    return largest;
+}
+
+/* The largest magnitude bit pattern: >= 0x7f800000 when the block holds an inf or a NaN. */
+LB_INLINE int32_t abs_max_bits(const float *restrict x, int64_t length) {
+    int32_t largest = 0;
+    for (int64_t k = 0; k < length; k++) {
+        int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
+        largest = magnitude > largest ? magnitude : largest;
+    }
+    return largest;
+}
+
+/* max |x| over the finite elements (>= +0). */
+LB_INLINE float finite_abs_max_of(const float *restrict x, int64_t length) {
+    int32_t largest = 0;
+    for (int64_t k = 0; k < length; k++) {
+        int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
+        magnitude = magnitude < 0x7f800000 ? magnitude : 0;
+        largest = magnitude > largest ? magnitude : largest;
+    }
+    return lb_float((uint32_t)largest);
+}
+
+/* block_fp.exponent_from_extremes: the smallest exponent in [low_e, high_e] at which nothing overflows. */
+static inline int exponent_from_extremes(block_extremes ex, int significand_bits, int mode, int min_exponent,
+                                  int max_exponent) {
+    double low = ex.low, high = ex.high;
+    double magnitude = high > -low ? high : -low;
+    int exponent = magnitude > 0.0 ? floor_log2_float((float)magnitude)
+                                   : (ex.has_inf ? max_exponent : min_exponent);
+    exponent = exponent < min_exponent ? min_exponent : (exponent > max_exponent ? max_exponent : exponent);
+    double top_code = pow2_double(significand_bits) - 1.0;
+    double factor = pow2_double(significand_bits - 1 - exponent);
+    int overflow = round_double(high * factor, mode) > top_code || round_double(low * factor, mode) < -top_code;
+    exponent += overflow;
+    return exponent > max_exponent ? max_exponent : exponent;
+}
+
+/* Every block of [begin, end) (in units of block_length elements): BLOCK(job, index, x, out, length, MODE);
+ */
+/* block_fp.nearest_even_exponent for a block without inf: |max| rounded half to even onto
+ * significand_bits - 1 fraction bits by an integer add on its float64 bits (the carry moves the exponent). */
+static inline int nearest_even_exponent(block_extremes ex, int significand_bits, int min_exponent,
+                                        int max_exponent) {
+    double magnitude = fabsf(ex.high > -ex.low ? ex.high : -ex.low);
+    uint64_t bits;
+    memcpy(&bits, &magnitude, 8);
+    int dropped = 53 - significand_bits;
+    bits += significand_bits == 1 ? 1ull << (dropped - 1) : ((bits >> dropped) & 1) + (1ull << (dropped - 1)) - 1;
+    int exponent = (int)(bits >> 52) - 1023;
+    return exponent < min_exponent ? min_exponent : (exponent > max_exponent ? max_exponent : exponent);
+}
+
+/* The shared exponent of block_fp (significand_bits M) and block_minifloat (M + 1): under nearest_even from
+ * one reduction (|max|) unless the block holds an inf; otherwise from the block's extremes. */
+LB_INLINE int block_exponent(const float *restrict x, int64_t length, int significand_bits, int mode,
+                             int min_exponent, int max_exponent) {
+    if (mode == LB_NEAREST_EVEN) {
+        int32_t largest = non_nan_abs_max_bits(x, length);
+        if (largest < 0x7f800000) {
+            block_extremes ex = {0.0f, lb_float((uint32_t)largest), 0};
+            return nearest_even_exponent(ex, significand_bits, min_exponent, max_exponent);
+        }
+    }
+    return exponent_from_extremes(extremes_of(x, length), significand_bits, mode, min_exponent, max_exponent);
+}
+
+#define LB_FOR_BLOCKS(job, begin, end, BLOCK, MODE) \
+    do { \
+        const block_geometry geometry = (job)->geometry; \
+        int64_t first_index = (begin) / geometry.block_length, last_index = (end) / geometry.block_length; \
+        int64_t row = first_index / geometry.blocks_per_row, column = first_index - row * geometry.blocks_per_row; \
+        for (int64_t index = first_index; index < last_index; index++) { \
+            int64_t start = column * geometry.block_length, length = geometry.row_length - start; \
+            const float *block_x = geometry.x + row * geometry.row_length + start; \
+            float *block_out = geometry.out + row * geometry.row_length + start; \
+            BLOCK(job, index, block_x, block_out, length < geometry.block_length ? length : geometry.block_length, \
+                  MODE); \
+            if (++column == geometry.blocks_per_row) { column = 0; row++; } \
+        } \
+    } while (0)
+
+/* lb_parallel counts elements (it threads from 2^20 of them): each block counts as block_length units, so
+ * every chunk boundary is a whole block. */
+static inline void run_blocks(const block_geometry *geometry, int64_t rows, int threads, lb_range_fn fn,
+                              const void *job) {
+    int64_t blocks = rows * geometry->blocks_per_row;
+    int64_t grain = geometry->block_length >= 4096 ? 1 : 4096 / geometry->block_length;
+    lb_parallel(blocks * geometry->block_length, grain * geometry->block_length, threads, fn, job);
+}
+
+#define LB_FLOAT32_TINY 1.17549435e-38f
+#define LB_FLOAT32_MAX 3.40282347e+38f
+
+/* ---- shared by the per-block float grids (MX, block_minifloat) --------------------------------------- */
+/* round(v / step) * step clamped to +-limit, step = 2^(max(floor_log2 |v|, min_exponent) - M). */
+LB_INLINE void grid_block(const float *restrict x, float *restrict out, int64_t length, int mantissa_bits,
+                              int min_exponent, float limit, int mode) {
+    if (mantissa_bits >= 1 && min_exponent - mantissa_bits >= -126) { /* the bit path: every step normal */
+        int32_t shift = mantissa_bits << 23, smallest = (min_exponent - mantissa_bits + 127) << 23;
+        for (int64_t k = 0; k < length; k++) out[k] = lb_clamp(grid_round_fast(x[k], shift, smallest, mode), limit);
+    } else {
+        for (int64_t k = 0; k < length; k++) {
+            float step = general_step(x[k], min_exponent, mantissa_bits);
+            out[k] = lb_clamp(lb_round(x[k] / step, mode) * step, limit);
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,129 @@
+/* block_log (block_log.py): powers of two with a bias per block. */
+#include "block_common.h"
+
+/* ---- block_log: powers of two with a bias per block (block_log.py, log.round_to_power_of_two) --------- */
+typedef struct {
+    block_geometry geometry;
+    int top_code, max_bias, log_domain, mode;
+    float below_sqrt2; /* the largest float32 below sqrt(2) (log_domain, nearest modes) */
+} block_log_job;
+
+/* _float_grid.exact_pow2 in float32: exponents below the normal range built 64 binades higher, scaled down. */
+static inline float exact_pow2_float(int k) {
+    if (k < -126) {
+        int shifted = k + 64 < -127 ? -127 : k + 64;
+        return lb_float((uint32_t)(shifted + 127) << 23) * 0x1p-64f;
+    }
+    return lb_float((uint32_t)((k > 128 ? 128 : k) + 127) << 23);
+}
+
+static inline int magnitude_mode(int mode, int negative) { /* log._MAGNITUDE_MODES */
+    if (!negative) return mode;
+    switch (mode) {
+    case LB_UP: return LB_DOWN;
+    case LB_DOWN: return LB_UP;
+    case LB_NEAREST_UP: return LB_NEAREST_DOWN;
+    case LB_NEAREST_DOWN: return LB_NEAREST_UP;
+    default: return mode;
+    }
+}
+
+/* log.round_to_power_of_two for one float32 value, the exponents of this block given. */
+static inline float power_of_two(float v, int min_exponent, int max_exponent, const block_log_job *job, int mode) {
+    float magnitude = fabsf(v);
+    magnitude = isfinite(magnitude) ? magnitude : 0.0f;
+    int nonzero = magnitude > 0.0f;
+    int exponent = nonzero ? floor_log2_float(magnitude) + 1 : 0;
+    float mantissa = nonzero ? magnitude / exact_pow2_float(exponent - 1) * 0.5f : 0.0f;
+    int below = exponent <= min_exponent || magnitude == 0.0f;
+    int lower_code = below ? 0 : exponent - min_exponent;
+    float fraction = 2.0f * mantissa - 1.0f;
+    if (job->log_domain && mode <= LB_NEAREST_DOWN) fraction = 2.0f * mantissa > job->below_sqrt2 ? 1.0f : 0.0f;
+    if (below) { /* _fraction_below_smallest */
+        int shift = exponent - min_exponent > 0 ? 0 : exponent - min_exponent;
+        float small = mantissa * exact_pow2_float(shift);
+        fraction = magnitude > 0.0f && small < LB_FLOAT32_TINY ? LB_FLOAT32_TINY : small;
+    }
+    float parity = (float)(lower_code % 2);
+    float step = lb_round(parity + fraction, magnitude_mode(mode, v < 0.0f)) - parity;
+    int top_code = (max_exponent > 127 ? 127 : max_exponent) - min_exponent + 1;
+    int code = lower_code + (int)step;
+    code = code < top_code ? code : top_code;
+    code = isinf(v) ? top_code : code;
+    float power = exact_pow2_float(min_exponent + code - 1);
+    float value = copysignf(code == 0 ? 0.0f : power, v);
+    return isnan(v) ? v : value;
+}
+
+/* log.nearest_power_of_two_finite (finite blocks, 2^(min_exponent - 1) normal): rounding the significand to
+ * no fraction bits, ties to the even exponent code, by an integer add; clamp; zero below the midpoint. */
+LB_INLINE void nearest_power_float(const float *restrict x, float *restrict out, int64_t length, int min_exponent,
+                                   int max_exponent) {
+    uint32_t parity_offset = (uint32_t)(min_exponent & 1);
+    float smallest = exact_pow2_float(min_exponent);
+    float largest = exact_pow2_float(max_exponent > 127 ? 127 : max_exponent);
+    float midpoint = exact_pow2_float(min_exponent - 1);
+    for (int64_t k = 0; k < length; k++) {
+        float magnitude = fabsf(x[k]);
+        uint32_t bits = lb_bits(magnitude), parity = ((bits >> 23) + parity_offset) & 1u;
+        float power = lb_float((parity + bits + (1u << 22) - 1u) & 0x7f800000u);
+        power = power < smallest ? smallest : (power > largest ? largest : power);
+        out[k] = copysignf(power * (magnitude > midpoint ? 1.0f : 0.0f), x[k]);
+    }
+}
+
+/* The same in float64 (blocks whose smallest powers are float32 subnormals), cast back to float32. */
+LB_INLINE void nearest_power_double(const float *restrict x, float *restrict out, int64_t length, int min_exponent,
+                                    int max_exponent) {
+    uint64_t parity_offset = (uint64_t)(min_exponent & 1);
+    double smallest = pow2_double(min_exponent), largest = pow2_double(max_exponent > 127 ? 127 : max_exponent);
+    double midpoint = pow2_double(min_exponent - 1);
+    for (int64_t k = 0; k < length; k++) {
+        double magnitude = fabs((double)x[k]), power;
+        uint64_t bits, parity;
+        memcpy(&bits, &magnitude, 8);
+        parity = ((bits >> 52) + parity_offset) & 1u;
+        bits = (parity + bits + (1ull << 51) - 1u) & 0x7ff0000000000000ull;
+        memcpy(&power, &bits, 8);
+        power = power < smallest ? smallest : (power > largest ? largest : power);
+        out[k] = (float)copysign(power * (magnitude > midpoint ? 1.0 : 0.0), (double)x[k]);
+    }
+}
+
+LB_INLINE void block_log_block(const block_log_job *job, int64_t index, const float *restrict x, float *restrict out,
+                               int64_t length, int mode) {
+    (void)index;
+    float amax = finite_abs_max_of(x, length);
+    int ceil_log2 = -(1 << 20); /* block_log.ceil_log2: an all-zero block */
+    if (amax > 0.0f) {
+        uint32_t bits = lb_bits(amax);
+        int power_of_two_max = bits >= 0x00800000u ? (bits & 0x007fffffu) == 0 : (bits & (bits - 1)) == 0;
+        ceil_log2 = floor_log2_float(amax) + !power_of_two_max;
+    }
+    int bias = job->top_code - ceil_log2;
+    bias = bias < 0 ? 0 : (bias > job->max_bias ? job->max_bias : bias);
+    int min_exponent = 1 - bias, max_exponent = job->top_code - bias;
+    if (mode == LB_NEAREST_EVEN && !job->log_domain && abs_max_bits(x, length) < 0x7f800000) { /* finite */
+        if (min_exponent - 1 >= -126) nearest_power_float(x, out, length, min_exponent, max_exponent);
+        else nearest_power_double(x, out, length, min_exponent, max_exponent);
+        return;
+    }
+    for (int64_t k = 0; k < length; k++) out[k] = power_of_two(x[k], min_exponent, max_exponent, job, mode);
+}
+
+#define BLOCK_LOG_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, block_log_block, MODE)
+
+static void block_log_range(const void *context, int64_t begin, int64_t end) {
+    const block_log_job *job = context;
+    LB_FOR_EACH_MODE(job->mode, BLOCK_LOG_LOOP)
+}
+
+/* top_code: 2^(W-1) - 1; max_bias: 2^Bw - 1; below_sqrt2 is read under log_domain with a nearest mode. */
+void lb_block_log_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
+                      int top_code, int max_bias, int log_domain, float below_sqrt2, int mode, int threads) {
+    int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
+    block_log_job job = {{x, out, row_length, block_length, blocks_per_row}, top_code, max_bias, log_domain, mode,
+                         below_sqrt2};
+    run_blocks(&job.geometry, rows, threads, block_log_range, &job);
+}
+

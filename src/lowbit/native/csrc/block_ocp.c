@@ -1,0 +1,149 @@
+/* OCP element formats (formats/ocp_float.py): unscaled casts and s * element(x / s) per block. */
+#include "block_common.h"
+
+/* ---- OCP elements (ocp_float.round_element) ----------------------------------------------------------- */
+typedef struct {
+    int32_t mantissa_shift, smallest_field;
+    float max_value;
+    int saturating, overflow_inf, past_positive, past_negative;
+} ocp_element;
+
+static ocp_element make_element(int mantissa_bits, int min_exponent, float max_value, int overflow_kind,
+                                int saturate, int mode) {
+    /* overflow_kind: 0 the type saturates, 1 overflow -> +-inf (e5m2), 2 overflow -> NaN (e4m3) */
+    ocp_element element = {mantissa_bits << 23, (min_exponent - mantissa_bits + 127) << 23, max_value,
+                           saturate || overflow_kind == 0, overflow_kind == 1,
+                           mode != LB_TOWARD_ZERO && mode != LB_DOWN, mode != LB_TOWARD_ZERO && mode != LB_UP};
+    return element;
+}
+
+static inline float round_saturating(float y, ocp_element element, int mode) {
+    return lb_clamp(grid_round_fast(y, element.mantissa_shift, element.smallest_field, mode), element.max_value);
+}
+
+/* Without saturation: an overflow goes past max (to inf / NaN) unless the mode stops it at max. */
+static inline float round_overflowing(float y, ocp_element element, int mode) {
+    float unbounded = grid_round_fast(y, element.mantissa_shift, element.smallest_field, mode);
+    float special = element.overflow_inf ? copysignf(INFINITY, y) : NAN;
+    int goes_past = y > 0.0f ? element.past_positive : element.past_negative;
+    float bounded = element.max_value * lb_sign(y);
+    float result = fabsf(unbounded) > element.max_value ? (goes_past ? special : bounded) : unbounded;
+    return isinf(y) ? special : result; /* an infinite input is Inf (e5m2) or NaN (e4m3) in every mode */
+}
+
+typedef struct {
+    const float *x;
+    float *out;
+    ocp_element element;
+    int mode;
+} element_job;
+
+#define ELEMENT_LOOP(MODE) \
+    do { \
+        const float *restrict x = job->x; \
+        float *restrict out = job->out; \
+        const ocp_element element = job->element; \
+        if (element.saturating) for (int64_t i = begin; i < end; i++) out[i] = round_saturating(x[i], element, MODE); \
+        else for (int64_t i = begin; i < end; i++) out[i] = round_overflowing(x[i], element, MODE); \
+    } while (0)
+
+static void element_range(const void *context, int64_t begin, int64_t end) {
+    const element_job *job = context;
+    LB_FOR_EACH_MODE(job->mode, ELEMENT_LOOP)
+}
+
+/* An unscaled OCP element cast: x, out n contiguous float32. */
+void lb_ocp_element_f32(const float *x, float *out, int64_t n, int mantissa_bits, int min_exponent,
+                        float max_value, int overflow_kind, int saturate, int mode, int threads) {
+    element_job job = {x, out, make_element(mantissa_bits, min_exponent, max_value, overflow_kind, saturate, mode),
+                       mode};
+    lb_parallel(n, 16, threads, element_range, &job);
+}
+
+/* ---- scaled OCP elements: s * element(x / s) ----------------------------------------------------------- */
+typedef struct {
+    block_geometry geometry;
+    ocp_element element, nearest;
+    int mode, directed, inward, clamp_inf;
+    const float *scales; /* given scales (one per group of blocks), or NULL: derived per block */
+    int64_t blocks_per_scale;
+} scaled_job;
+
+static inline float next_up(float v) { return lb_float(lb_bits(v) + 1); }   /* v > 0 finite */
+static inline float next_down(float v) { return lb_float(lb_bits(v) - 1); } /* v > 0 */
+
+/* ocp_float.covering_scale (f32 scales) and _inward_scale for the directed modes that need it. */
+LB_INLINE float derived_scale(const float *restrict x, int64_t length, const scaled_job *job) {
+    block_extremes ex = {0.0f, 0.0f, 0};
+    if (job->inward) ex = extremes_of(x, length);
+    else ex.high = finite_abs_max_of(x, length);
+    float element_max = job->element.max_value;
+    float amax = fabsf(ex.high > -ex.low ? ex.high : -ex.low);
+    float scale = amax / element_max;
+    if (!(isfinite(scale) && scale >= LB_FLOAT32_TINY)) scale = LB_FLOAT32_TINY;
+    float larger = next_up(scale);
+    if (scale * element_max < amax && isfinite(larger)) scale = larger;
+    float smaller = next_down(scale);
+    if (smaller * element_max >= amax && smaller >= LB_FLOAT32_TINY) scale = smaller;
+    if (!job->inward) return scale;
+    smaller = next_down(scale);
+    int usable = smaller >= LB_FLOAT32_TINY && scale * element_max != amax;
+    int inward = 1;
+    if (job->mode != LB_TOWARD_ZERO) {
+        int positive = ex.high >= -ex.low;
+        int rounded_inward = job->mode == LB_DOWN ? positive : !positive;
+        float other = positive ? -ex.low : ex.high;
+        inward = rounded_inward && other <= smaller * element_max;
+    }
+    return usable && inward ? smaller : scale;
+}
+
+/* One block's elements; SATURATING and DIRECTED are constants in each copy (the loops vectorise). */
+LB_INLINE void scaled_elements(const float *restrict x, float *restrict out, int64_t length, float scale,
+                                   ocp_element element, ocp_element nearest, int clamp_inf, int mode,
+                                   int saturating, int directed) {
+    for (int64_t k = 0; k < length; k++) {
+        float v = x[k], y = v / scale;
+        float result = (saturating ? round_saturating(y, element, mode) : round_overflowing(y, element, mode)) * scale;
+        if (directed) {
+            float on_grid = round_saturating(y, nearest, LB_NEAREST_EVEN) * scale;
+            result = on_grid == v ? on_grid : result;
+        }
+        if (clamp_inf) result = isinf(result) & isfinite(v) ? lb_clamp(result, LB_FLOAT32_MAX) : result;
+        out[k] = result;
+    }
+}
+
+LB_INLINE void scaled_block(const scaled_job *job, int64_t index, const float *x, float *out, int64_t length,
+                                int mode) {
+    float scale = job->scales ? job->scales[index / job->blocks_per_scale] : derived_scale(x, length, job);
+    int saturating = job->element.saturating, directed = job->directed, clamp_inf = job->clamp_inf;
+    ocp_element element = job->element, nearest = job->nearest;
+    if (saturating && !directed) scaled_elements(x, out, length, scale, element, nearest, clamp_inf, mode, 1, 0);
+    else if (saturating) scaled_elements(x, out, length, scale, element, nearest, clamp_inf, mode, 1, 1);
+    else if (!directed) scaled_elements(x, out, length, scale, element, nearest, clamp_inf, mode, 0, 0);
+    else scaled_elements(x, out, length, scale, element, nearest, clamp_inf, mode, 0, 1);
+}
+
+#define SCALED_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, scaled_block, MODE)
+
+static void scaled_range(const void *context, int64_t begin, int64_t end) {
+    const scaled_job *job = context;
+    LB_FOR_EACH_MODE(job->mode, SCALED_LOOP)
+}
+
+/* Scaled OCP elements over `rows` rows of row_length floats in blocks of block_length; scales: NULL (each
+ * block derives its f32 scale, clamp_inf as _quantize_block) or one given scale per blocks_per_scale blocks. */
+void lb_ocp_scaled_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
+                       const float *scales, int64_t blocks_per_scale, int mantissa_bits, int min_exponent,
+                       float max_value, int overflow_kind, int saturate, int mode, int threads) {
+    int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
+    scaled_job job = {{x, out, row_length, block_length, blocks_per_row},
+                      make_element(mantissa_bits, min_exponent, max_value, overflow_kind, saturate, mode),
+                      make_element(mantissa_bits, min_exponent, max_value, overflow_kind, 1, LB_NEAREST_EVEN),
+                      mode, mode == LB_UP || mode == LB_DOWN || mode == LB_TOWARD_ZERO || mode == LB_AWAY_FROM_ZERO,
+                      mode == LB_UP || mode == LB_DOWN || mode == LB_TOWARD_ZERO, scales == NULL, scales,
+                      blocks_per_scale > 0 ? blocks_per_scale : 1};
+    run_blocks(&job.geometry, rows, threads, scaled_range, &job);
+}
+

@@ -1,0 +1,143 @@
+/* Per-block exponents: MX (mx.py), block_fp (block_fp.py) and block_minifloat (block_minifloat.py). */
+#include "block_common.h"
+
+/* ---- MX (mx.py): E8M0 scale 2^s per block, elements on the float grid scaled by 2^s ------------------ */
+typedef struct {
+    block_geometry geometry;
+    int mantissa_bits, element_min_exponent, emax, rule, mode;
+    float element_max, dtype_max;
+} mx_job;
+
+static int mx_shared_exponent(float amax, const mx_job *job) {
+    if (!(amax > 0.0f)) return -127;
+    int exponent = floor_log2_float(amax), increment = 0;
+    float normal = lb_bits(amax) >= 0x00800000u ? amax : amax * 16777216.0f;
+    float mantissa = lb_float((lb_bits(normal) & 0x007fffffu) | (126u << 23)); /* frexp: [0.5, 1) */
+    if (job->rule == 1) increment = mantissa * pow2_float(job->emax + 1) > job->element_max;
+    else if (job->rule == 2) {
+        float top = pow2_float(job->mantissa_bits + 1);
+        increment = rintf(mantissa * top) == top;
+    }
+    int shared = exponent - job->emax + increment;
+    return shared < -127 ? -127 : (shared > 127 ? 127 : shared);
+}
+
+LB_INLINE void mx_block(const mx_job *job, int64_t index, const float *x, float *out, int64_t length, int mode) {
+    (void)index;
+    int shared = mx_shared_exponent(finite_abs_max_of(x, length), job);
+    int min_exponent = shared + job->element_min_exponent, m = job->mantissa_bits;
+    float element_max = job->element_max * pow2_float(shared);
+    /* _block_limit: the output dtype's max rounded down onto the block grid, capped at the element max
+     * (which is on that grid: the cap alone when it is not above the dtype's max) */
+    float limit = element_max;
+    if (!(element_max <= job->dtype_max)) {
+        int top = floor_log2_float(job->dtype_max);
+        float top_step = pow2_float((top > min_exponent ? top : min_exponent) - m);
+        limit = lb_clamp(floorf(job->dtype_max / top_step) * top_step, element_max);
+    }
+    grid_block(x, out, length, m, min_exponent, limit, mode);
+}
+
+#define MX_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, mx_block, MODE)
+
+static void mx_range(const void *context, int64_t begin, int64_t end) {
+    const mx_job *job = context;
+    LB_FOR_EACH_MODE(job->mode, MX_LOOP)
+}
+
+/* rule: 0 floor, 1 ceil, 2 even; dtype_max: the output dtype's largest finite value; mantissa_bits >= 1. */
+void lb_mx_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
+               int mantissa_bits, int element_min_exponent, int emax, float element_max, int rule, float dtype_max,
+               int mode, int threads) {
+    int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
+    mx_job job = {{x, out, row_length, block_length, blocks_per_row}, mantissa_bits, element_min_exponent, emax,
+                  rule, mode, element_max, dtype_max};
+    run_blocks(&job.geometry, rows, threads, mx_range, &job);
+}
+
+/* ---- block_fp: integer codes times 2^(e - M + 1) per block ------------------------------------------- */
+typedef struct {
+    block_geometry geometry;
+    int mantissa_bits, min_exponent, max_exponent, in_float, mode;
+    double top_code;
+} block_fp_job;
+
+LB_INLINE void block_fp_block(const block_fp_job *job, int64_t index, const float *restrict x,
+                                  float *restrict out, int64_t length, int mode) {
+    (void)index;
+    int exponent = block_exponent(x, length, job->mantissa_bits, mode, job->min_exponent, job->max_exponent);
+    int power = exponent - job->mantissa_bits + 1;
+    if (job->in_float) { /* _float32_blocks */
+        float step = pow2_float(power), top = (float)job->top_code;
+        for (int64_t k = 0; k < length; k++) out[k] = lb_clamp(lb_round(x[k] / step, mode), top) * step;
+    } else { /* _quantize_blocks in float64, cast back */
+        double step = pow2_double(power), top = job->top_code;
+        for (int64_t k = 0; k < length; k++)
+            out[k] = (float)(clamp_double(round_double((double)x[k] / step, mode), top) * step);
+    }
+}
+
+#define BLOCK_FP_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, block_fp_block, MODE)
+
+static void block_fp_range(const void *context, int64_t begin, int64_t end) {
+    const block_fp_job *job = context;
+    LB_FOR_EACH_MODE(job->mode, BLOCK_FP_LOOP)
+}
+
+/* in_float: the eager float32 path applies (nearest mode, M <= 23, smallest step >= 2^-149). */
+void lb_block_fp_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
+                     int mantissa_bits, int min_exponent, int max_exponent, double top_code, int in_float, int mode,
+                     int threads) {
+    int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
+    block_fp_job job = {{x, out, row_length, block_length, blocks_per_row}, mantissa_bits, min_exponent,
+                        max_exponent, in_float, mode, top_code};
+    run_blocks(&job.geometry, rows, threads, block_fp_range, &job);
+}
+
+/* ---- block_minifloat: minifloat elements whose top binade t is shared per block ---------------------- */
+typedef struct {
+    block_geometry geometry;
+    int mantissa_bits, binades_below_top, min_shared, max_shared, in_float, mode;
+} block_minifloat_job;
+
+LB_INLINE void minifloat_block_double(const float *restrict x, float *restrict out, int64_t length, int shared,
+                                          const block_minifloat_job *job, int mode) {
+    int m = job->mantissa_bits, min_exponent = shared - job->binades_below_top;
+    double max_value = (2.0 - pow2_double(-m)) * pow2_double(shared);
+    for (int64_t k = 0; k < length; k++) {
+        int exponent = floor_log2_float(x[k]);
+        double step = pow2_double((exponent > min_exponent ? exponent : min_exponent) - m);
+        out[k] = (float)clamp_double(round_double((double)x[k] / step, mode) * step, max_value);
+    }
+}
+
+LB_INLINE void block_minifloat_block(const block_minifloat_job *job, int64_t index, const float *x, float *out,
+                                         int64_t length, int mode) {
+    (void)index;
+    int m = job->mantissa_bits;
+    int shared = block_exponent(x, length, m + 1, mode, job->min_shared, job->max_shared);
+    if (job->in_float) /* _float32_blocks: max (2 - 2^-M) * 2^t, smallest normal binade t - (2^E - 2) */
+        grid_block(x, out, length, m, shared - job->binades_below_top, (2.0f - pow2_float(-m)) * pow2_float(shared),
+                   mode);
+    else
+        minifloat_block_double(x, out, length, shared, job, mode);
+}
+
+#define BLOCK_MINIFLOAT_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, block_minifloat_block, MODE)
+
+static void block_minifloat_range(const void *context, int64_t begin, int64_t end) {
+    const block_minifloat_job *job = context;
+    LB_FOR_EACH_MODE(job->mode, BLOCK_MINIFLOAT_LOOP)
+}
+
+/* binades_below_top: 2^E - 2; in_float: the eager float32 path applies (nearest mode, M <= 22, smallest
+ * step >= 2^-149). */
+void lb_block_minifloat_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
+                            int mantissa_bits, int binades_below_top, int min_shared, int max_shared, int in_float,
+                            int mode, int threads) {
+    int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
+    block_minifloat_job job = {{x, out, row_length, block_length, blocks_per_row}, mantissa_bits,
+                               binades_below_top, min_shared, max_shared, in_float, mode};
+    run_blocks(&job.geometry, rows, threads, block_minifloat_range, &job);
+}
+
