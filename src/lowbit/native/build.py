@@ -3,7 +3,7 @@
 The C sources in ``csrc/`` are compiled once per machine into a shared library, with the machine's own
 instruction set (``-march=native``: the compiler probes the CPU) and IEEE arithmetic kept exact (no fast-math,
 no contraction of a*b+c into a fused multiply-add, so every kernel rounds exactly as the eager torch ops do).
-A build takes about a second; it never runs at import, and ``auto`` starts it on a background thread (a
+A build takes a few seconds (one compiler process per source file, in parallel); it never runs at import, and ``auto`` starts it on a background thread (a
 compiler subprocess: nothing in this process is patched or traced), answering eagerly until it is loaded.
 
 Cache: ``$LOWBIT_CACHE_DIR`` (else ``$XDG_CACHE_HOME/lowbit``, else ``~/.cache/lowbit``) holds
@@ -169,11 +169,12 @@ def _compile(cc: str, flags: list[str], path: Path) -> str | None:
     not at all). Returns None on success, else the compiler's message."""
     handle, temporary = tempfile.mkstemp(prefix=".native-", suffix=".so", dir=path.parent)
     os.close(handle)
+    objects = tempfile.mkdtemp(prefix=".native-objects-", dir=path.parent)
     try:
-        result = subprocess.run([cc, *flags, "-o", temporary, *map(str, _sources()), "-lm"],
-                                capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)  # fmt: skip
-        if result.returncode != 0:
-            return f"{Path(cc).name} {' '.join(flags[-1:])} failed: {result.stderr.strip()[-300:]}"
+        failure = _compile_objects(cc, flags, objects) or _run([cc, *flags, "-o", temporary, *sorted(
+            str(o) for o in Path(objects).glob("*.o")), "-lm"])  # fmt: skip
+        if failure is not None:
+            return f"{Path(cc).name} {' '.join(flags[-1:])} failed: {failure}"
         data = Path(temporary).read_bytes()
         seal_handle, seal_temporary = tempfile.mkstemp(prefix=".native-", suffix=".sha256", dir=path.parent)
         with os.fdopen(seal_handle, "w") as seal:
@@ -182,5 +183,35 @@ def _compile(cc: str, flags: list[str], path: Path) -> str | None:
         os.replace(seal_temporary, path.with_name(path.name + ".sha256"))
         return None
     finally:
+        shutil.rmtree(objects, ignore_errors=True)
         if os.path.exists(temporary):
             os.unlink(temporary)
+
+
+def _compile_objects(cc: str, flags: list[str], folder: str) -> str | None:
+    """One compiler process per source file, as many at once as there are CPUs (a build of every source in
+    one process takes several seconds); None on success, else the first failure's message."""
+    compile_flags = [flag for flag in flags if flag != "-shared"] + ["-c"]
+    pending = sorted(_sources(), key=lambda source: -source.stat().st_size)  # the longest builds first
+    running: list[subprocess.Popen] = []
+    failure = None
+    while pending or running:
+        while pending and len(running) < max(1, os.cpu_count() or 1):
+            source = pending.pop(0)
+            command = [cc, *compile_flags, "-o", os.path.join(folder, source.stem + ".o"), str(source)]
+            running.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        process = running.pop(0)
+        try:
+            _, errors = process.communicate(timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            errors, process.returncode = "timed out", 1
+        if process.returncode != 0 and failure is None:
+            failure = errors.strip()[-300:]
+    return failure
+
+
+def _run(command: list[str]) -> str | None:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    return None if result.returncode == 0 else result.stderr.strip()[-300:]
