@@ -47,7 +47,7 @@ def warmup(
 ) -> int:
     """Build, now, the kernels the ``auto``, ``native`` and ``compiled`` backends would use for these formats
     on tensors of these shapes and dtypes, so that no later call waits and the fast path runs from the first
-    call on: the native library (about a second, once per machine), then, under ``auto`` / ``compiled``, a
+    call on: the native library (a few seconds, once per machine), then, under ``auto`` / ``compiled``, a
     torch.compile kernel for each (format, shape, dtype) that has no native kernel. Prints one progress line
     per step to stderr (or calls ``progress`` with it). Returns how many kernels are ready. Nothing to do (0)
     under the eager backend or for stochastic rounding, which always runs eagerly; set ``inference=True``

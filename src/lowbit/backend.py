@@ -4,7 +4,7 @@
 pass over memory, bit-identical to eager) on CPU tensors of float32 / float16 / bfloat16, where the format has
 one for its parameters; everything else runs eagerly. ``auto`` (the default) takes the native kernel as soon
 as the library is loaded: the first call starts its build on a background thread (a compiler subprocess,
-about a second; cached on disk for later processes) and answers eagerly meanwhile.
+a few seconds; cached on disk for later processes) and answers eagerly meanwhile.
 
 ``eager`` runs a format's ``_quantize`` op by op: every op reads and writes the whole tensor. ``compiled``
 hands the same function to ``torch.compile`` (Inductor's C++ backend on CPU), which fuses it into one
