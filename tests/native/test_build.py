@@ -41,7 +41,8 @@ def test_a_build_leaves_a_sealed_library_and_a_second_process_loads_it(fresh_cac
 def test_a_library_that_fails_its_checksum_is_rebuilt_not_loaded(fresh_cache):
     build.ensure()
     (library,) = fresh_cache.glob("native-*.so")
-    library.write_bytes(b"not a shared library")
+    library.unlink()  # a new file, as another writer would leave it: truncating the mapped one would crash
+    library.write_bytes(b"not a shared library")  # this process (SIGBUS on its next use of the library)
     build.reset()
     assert build.ensure() is not None  # rebuilt: loading the bytes above would raise OSError
     assert library.read_bytes()[:4] == b"\x7fELF"
