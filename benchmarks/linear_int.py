@@ -24,7 +24,7 @@ from int_peers import variants  # noqa: E402
 from machine import header_line  # noqa: E402
 from timing import cell, interleaved  # noqa: E402
 
-import lowbit  # noqa: E402
+from lowbit import native  # noqa: E402
 from lowbit._io import atomic_write_text  # noqa: E402
 
 
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    lowbit.native.ensure()  # the default backend's steady state: native kernels loaded
+    native.ensure()  # the default backend's steady state: native kernels loaded
     machine = header_line()
     print(machine, flush=True)
     columns, table, errors = measure(args.sizes, args.batches, args.rounds, args.only)

@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import lowbit  # noqa: E402
+from lowbit import native  # noqa: E402
 from int_peers import linear_weight_bytes, variants  # noqa: E402
 from lowbit._io import atomic_write_text  # noqa: E402
 from lowbit.models.minilm import embed, load_minilm  # noqa: E402
@@ -109,7 +110,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    lowbit.native.ensure()  # the default backend's steady state: native kernels loaded
+    native.ensure()  # the default backend's steady state: native kernels loaded
     machine = header_line()
     print(machine, flush=True)
     tokenizer, model = load_minilm()

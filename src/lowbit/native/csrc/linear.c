@@ -86,13 +86,18 @@ static void linear_range(const void *context, int64_t begin, int64_t end) {
     free(weight);
 }
 
+/* Threads pay off from about 4M multiply-adds (starting one costs tens of microseconds). */
+static int threads_for(int64_t rows, int64_t inner, int64_t columns, int threads) {
+    return rows * inner * columns < ((int64_t)1 << 22) ? 1 : threads;
+}
+
 /* x [rows, inner] f32, codes [columns, inner] int8, scale [columns], bias [columns] or NULL -> out [rows, columns].
  * Returns 0, or -1 when a work buffer could not be allocated (out is then incomplete). */
 int lb_int8_linear_f32(const float *x, const int8_t *codes, const float *scale, const float *bias, float *out,
                        int64_t rows, int64_t inner, int64_t columns, int threads) {
     linear_job job = {x, codes, scale, bias, out, rows, inner, columns, NULL, 0, 0};
     if (rows <= 0 || inner <= 0 || columns <= 0) return 0;
-    lb_parallel(columns * rows * inner, rows * inner, threads, linear_range, &job);
+    lb_parallel(columns * rows * inner, rows * inner, threads_for(rows, inner, columns, threads), linear_range, &job);
     return job.failed ? -1 : 0;
 }
 
@@ -103,6 +108,6 @@ int lb_int4_linear_f32(const float *x, const uint8_t *packed, const uint8_t *zer
                        int threads) {
     linear_job job = {x, packed, scale, bias, out, rows, inner, columns, zero_point, group, 0};
     if (rows <= 0 || inner <= 0 || columns <= 0 || group <= 0 || group % 2 || inner % group) return -1;
-    lb_parallel(columns * rows * inner, rows * inner, threads, linear_range, &job);
+    lb_parallel(columns * rows * inner, rows * inner, threads_for(rows, inner, columns, threads), linear_range, &job);
     return job.failed ? -1 : 0;
 }
