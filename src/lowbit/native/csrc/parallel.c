@@ -34,9 +34,13 @@ static void *lb_run_chunk(void *argument) {
 }
 
 void lb_parallel(int64_t n, int64_t grain, int threads, lb_range_fn fn, const void *context) {
+    lb_parallel_from(n, grain, threads, LB_PARALLEL_MIN, fn, context);
+}
+
+void lb_parallel_from(int64_t n, int64_t grain, int threads, int64_t minimum, lb_range_fn fn, const void *context) {
     if (grain < 1) grain = 1;
     if (threads > LB_MAX_THREADS) threads = LB_MAX_THREADS;
-    if (threads <= 1 || n < LB_PARALLEL_MIN) { fn(context, 0, n); return; }
+    if (threads <= 1 || n < minimum) { fn(context, 0, n); return; }
     int64_t units = (n + grain - 1) / grain, per = (units + threads - 1) / threads;
     pthread_t handles[LB_MAX_THREADS];
     lb_chunk chunks[LB_MAX_THREADS];
