@@ -108,8 +108,8 @@ def test_block_log_variants(params):
     check("block_log", **params)
 
 
-def test_block_kernels_run_on_several_threads():
-    x = torch.randn(1024, 1100, generator=torch.Generator().manual_seed(9)) * 8  # > 2^20 elements
+def test_block_kernels_run_on_several_threads(several_threads):
+    x = torch.randn(1024, 1100, generator=torch.Generator().manual_seed(9)) * 8
     x[3, 5], x[700, 1] = float("nan"), float("inf")
     for name, params in [("mxfp4_e2m1", {}), ("block_fp", {}), ("block_minifloat", {}), ("block_log", {}),
                          ("e2m1", {"block_size": [1, 32]}), ("e4m3", {"scale": 0.25})]:  # fmt: skip

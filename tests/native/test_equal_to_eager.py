@@ -110,10 +110,10 @@ def test_native_equals_eager_in_every_rounding_mode(name, params):
 
 @pytest.mark.parametrize("case_id", sorted(NATIVE_CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_the_native_backend_equals_eager_in_each_dtype_on_several_threads(case_id, dtype):
+def test_the_native_backend_equals_eager_in_each_dtype_on_several_threads(case_id, dtype, several_threads):
     _, name, params, _ = next(case for case in CASES if case[0] == case_id)
     spec = lowbit.get_format(name)(**params)
-    x = (torch.randn(1024, 1056, generator=torch.Generator().manual_seed(3)) * 8).to(dtype)  # > 2^20: threads
+    x = (torch.randn(256, 1056, generator=torch.Generator().manual_seed(3)) * 8).to(dtype)
     try:
         backend.set_backend("eager")
         want = spec.quantize(x)

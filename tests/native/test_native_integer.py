@@ -139,8 +139,8 @@ def test_small_ranks(shape):
      ("affine", {"scale": tuple(0.01 + k / 1000 for k in range(1000)), "axis": -1, "rounding": "down"}),
      ("affine", {"bits": 4, "rounding": "up"}), ("integer", {"rounding": "nearest_away"})],
 )  # fmt: skip
-def test_threads_on_large_tensors(name, params):
-    x = torch.randn(1100, 1000, generator=torch.Generator().manual_seed(5)) * 8  # > 2^20 elements
+def test_threads_on_large_tensors(name, params, several_threads):
+    x = torch.randn(1100, 1000, generator=torch.Generator().manual_seed(5)) * 8
     x[3, 7], x[900, 11] = float("inf"), float("nan")
     spec = lowbit.get_format(name)(**params)
     shaped = x.reshape(1100, 10, 100) if params.get("axis") == 1 else x

@@ -150,9 +150,9 @@ def test_ternary_requantizes_its_output_and_given_alpha_per_channel():
 @pytest.mark.parametrize("name,params", [("ternary", {"scaling_factor": True}), ("ternary", {"axis": 0}),
                                          ("binary", {"scaling_factor": True, "axis": -1}),
                                          ("binary", {"scaling_factor": True, "bipolar": False})])  # fmt: skip
-def test_statistics_on_several_threads(name, params):
+def test_statistics_on_several_threads(name, params, several_threads):
     spec = lowbit.get_format(name)(**params)
-    x = with_specials(finite((1100, 1030), 15))  # > 2^20 elements: threads, many pieces per group
+    x = with_specials(finite((1100, 1030), 15))  # many pieces per group
     assert_native_equals_eager(spec, x)
 
 

@@ -43,7 +43,7 @@ def same(got: torch.Tensor | None, want: torch.Tensor | None) -> bool:
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("q_max", [127, 63])
 @pytest.mark.parametrize("rows", [8, 1100])  # 1100 x 1000: many rows of 16-lane blocks and a tail
-def test_token_quantize_equals_the_eager_steps(symmetric, q_max, rows):
+def test_token_quantize_equals_the_eager_steps(symmetric, q_max, rows, several_threads):
     x = hard_rows(rows, 1000 if rows > 8 else 96, seed=rows)
     for float_codes, eager in ((False, kernels.token_quantize), (True, kernels.token_float_quantize)):
         got = token.quantize(x, symmetric, q_max, float_codes)

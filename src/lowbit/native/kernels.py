@@ -4,6 +4,7 @@ so the caller falls back to the eager path."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 
 import torch
@@ -33,6 +34,20 @@ def function(name: str, argument_types: list, result_type=None):
         entry.restype = result_type
         bound = _bound[name] = (library, entry)
     return bound[1]
+
+
+@contextlib.contextmanager
+def threads_from(elements: int):
+    """Run every kernel's threaded split from ``elements`` elements on (tests: the threaded code on small
+    tensors); the kernels' own thresholds again on exit. Needs the library loaded."""
+    entry = function("lb_set_threads_from", [I64])
+    if entry is None:
+        raise RuntimeError("the native library is not loaded")
+    entry(elements)
+    try:
+        yield
+    finally:
+        entry(0)
 
 
 def threads() -> int:
