@@ -194,3 +194,10 @@ def check_special_does_not_set_block(spec, x: torch.Tensor, index: int, special:
         assert abs(q[index].item()) >= clean.abs().max().item()
         if torch.all(clean == 0):
             assert abs(q[index].item()) == float32_max
+
+
+def float32_patterns(shape, seed: int) -> torch.Tensor:
+    """Random float32 bit patterns: NaN, +-inf, subnormals and every magnitude, uniformly over the codes."""
+    generator = torch.Generator().manual_seed(seed)
+    bits = torch.randint(-(2**31), 2**31, tuple(shape), dtype=torch.int64, generator=generator)
+    return bits.to(torch.int32).view(torch.float32)

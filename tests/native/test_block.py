@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import lowbit
-from helpers import DETERMINISTIC
+from helpers import DETERMINISTIC, float32_patterns
 from lowbit.formats.blocking import contiguous_runs, runs_of
 from lowbit.native import build
-from test_equal_to_eager import assert_bits_equal, random_patterns
+from test_equal_to_eager import assert_bits_equal
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
 
@@ -24,7 +24,7 @@ def library():
 def samples() -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(5)
     spread = torch.randn(6, 75, generator=generator) * torch.logspace(-40, 38, 75)  # tails of 75 % 32, 75 % 16
-    return [spread, random_patterns(5, 45, 7), torch.randn(3, 4, 33, generator=generator) * 1e-39,
+    return [spread, float32_patterns((5, 45), 7), torch.randn(3, 4, 33, generator=generator) * 1e-39,
             torch.randint(-64, 64, (4, 48), generator=generator) / 16.0]  # fmt: skip
 
 

@@ -12,7 +12,7 @@ import torch
 
 import lowbit
 from format_cases import CASES
-from helpers import DETERMINISTIC
+from helpers import DETERMINISTIC, float32_patterns
 from lowbit import backend
 from lowbit.native import build
 
@@ -34,12 +34,6 @@ def library():
     assert build.ensure() is not None, build.error()
 
 
-def random_patterns(rows: int, columns: int, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    bits = torch.randint(-(2**31), 2**31, (rows, columns), dtype=torch.int64, generator=generator)
-    return bits.to(torch.int32).view(torch.float32)
-
-
 def grid_probes(spec) -> torch.Tensor | None:
     """Every value of a scalar format's set, every midpoint, and the float32 neighbours of each midpoint."""
     values = spec.value_set()
@@ -58,7 +52,7 @@ def inputs(spec) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     spread = torch.randn(37, 70, generator=generator) * torch.logspace(-6, 6, 70)
     ties = torch.randint(-4096, 4096, (64, 96), generator=generator) / 256.0
-    tensors = [spread, ties, random_patterns(64, 96, 1), random_patterns(8, 32, 2) * 0.0]
+    tensors = [spread, ties, float32_patterns((64, 96), 1), float32_patterns((8, 32), 2) * 0.0]
     probes = grid_probes(spec)
     return tensors + ([probes] if probes is not None else [])
 

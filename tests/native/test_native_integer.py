@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import lowbit
-from helpers import DETERMINISTIC
+from helpers import DETERMINISTIC, float32_patterns
 from lowbit import backend
 from lowbit.errors import FormatError
 from lowbit.native import build
@@ -25,22 +25,15 @@ def library():
     assert build.ensure() is not None, build.error()
 
 
-def patterns(shape, seed: int) -> torch.Tensor:
-    """Random float32 bit patterns: NaN, +-inf, subnormals and every magnitude."""
-    generator = torch.Generator().manual_seed(seed)
-    bits = torch.randint(-(2**31), 2**31, shape, dtype=torch.int64, generator=generator)
-    return bits.to(torch.int32).view(torch.float32)
-
-
 def inputs(shape, seed: int = 0) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     spread = torch.randn(shape, generator=generator) * torch.logspace(-6, 6, shape[-1])
     ties = torch.randint(-4096, 4096, shape, generator=generator) / 256.0
     mixed = torch.randn(shape, generator=generator) * 5
-    mixed.view(-1)[::7] = patterns(((mixed.numel() + 6) // 7,), seed)  # a few specials in otherwise plain blocks
+    mixed.view(-1)[::7] = float32_patterns(((mixed.numel() + 6) // 7,), seed)  # a few specials in otherwise plain blocks
     huge = torch.randn(shape, generator=generator) * 3e38
     tiny = torch.randn(shape, generator=generator) * 1e-39
-    return [spread, ties, mixed, huge, tiny, patterns(shape, seed + 1), torch.zeros(shape), -torch.zeros(shape)]
+    return [spread, ties, mixed, huge, tiny, float32_patterns(shape, seed + 1), torch.zeros(shape), -torch.zeros(shape)]
 
 
 def assert_native_equals_eager(spec, x: torch.Tensor) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lowbit
-from helpers import DETERMINISTIC
+from helpers import DETERMINISTIC, float32_patterns
 from lowbit.native import build
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
@@ -18,12 +18,6 @@ pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler 
 @pytest.fixture(scope="module", autouse=True)
 def library():
     assert build.ensure() is not None, build.error()
-
-
-def patterns(shape, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    bits = torch.randint(-(2**31), 2**31, shape, dtype=torch.int64, generator=generator)
-    return bits.to(torch.int32).view(torch.float32)
 
 
 def finite(shape, seed: int, scale: float = 8.0) -> torch.Tensor:
@@ -56,7 +50,7 @@ def log_inputs(spec) -> list[torch.Tensor]:
     exponents = torch.arange(-140, 128, dtype=torch.float64)
     roots = (2.0 ** (exponents + 0.5)).float()
     roots = torch.cat([roots, torch.nextafter(roots, torch.zeros_like(roots)), torch.nextafter(roots, roots * 2)])
-    return [patterns((64, 96), 1), finite((37, 70), 2) * torch.logspace(-30, 30, 70), probes, -probes, roots, -roots]
+    return [float32_patterns((64, 96), 1), finite((37, 70), 2) * torch.logspace(-30, 30, 70), probes, -probes, roots, -roots]
 
 
 LOG_PARAMS = [
@@ -103,7 +97,7 @@ def binary_specs():
 
 @pytest.mark.parametrize("spec,shape", with_shapes(binary_specs()))
 def test_binary_variants(spec, shape):
-    for x in [finite(shape, 4), with_specials(finite(shape, 5)), patterns(shape, 6), finite(shape, 7) * 0]:
+    for x in [finite(shape, 4), with_specials(finite(shape, 5)), float32_patterns(shape, 6), finite(shape, 7) * 0]:
         assert_native_equals_eager(spec, x)
 
 
@@ -134,7 +128,7 @@ def ternary_specs():
 
 @pytest.mark.parametrize("spec,shape", with_shapes(ternary_specs()))
 def test_ternary_variants(spec, shape):
-    for x in [finite(shape, 9), with_specials(finite(shape, 10)), patterns(shape, 11), finite(shape, 12) * 0,
+    for x in [finite(shape, 9), with_specials(finite(shape, 10)), float32_patterns(shape, 11), finite(shape, 12) * 0,
               finite(shape, 13).round()]:  # fmt: skip
         assert_native_equals_eager(spec, x)
 
@@ -173,7 +167,7 @@ def test_binary_residual_variants(params):
     values = spec.value_set().float()
     middles = ((values[1:].double() + values[:-1].double()) / 2).float()
     probes = torch.cat([middles, torch.nextafter(middles, values[1:]), torch.nextafter(middles, values[:-1]), values])
-    for x in [probes, -probes, patterns((32, 40), 16), finite((32, 40), 17, 0.5)]:
+    for x in [probes, -probes, float32_patterns((32, 40), 16), finite((32, 40), 17, 0.5)]:
         assert_native_equals_eager(spec, x)
 
 

@@ -43,7 +43,7 @@ from lowbit.formats.blocking import (
     can_branch_on_data,
     finite_extremes,
     finite_min_max,
-    runs_of,
+    native_runs,
     scaled_bits_per_element,
 )
 from lowbit.formats.rounding import round_to_integer
@@ -221,9 +221,7 @@ class BlockFP(FormatSpec):
 
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
         """Blocks that are contiguous runs (along the last dimension, per row, per tensor) run natively."""
-        if x.dim() == 0 or (self.axis is not None and not -x.dim() <= self.axis < x.dim()):
-            return None
-        runs = runs_of(x.shape, self.block_size, self.axis, self.skip_first_dim)
+        runs = native_runs(self, x)
         if runs is None:
             return None
         max_exponent = min(self.max_exponent, dtype_max_exponent(x.dtype))

@@ -33,7 +33,7 @@ from lowbit.formats.blocking import (
     can_branch_on_data,
     finite_abs_max,
     finite_extremes,
-    runs_of,
+    native_runs,
     scaled_bits_per_element,
 )
 from lowbit.formats.log import (
@@ -116,9 +116,7 @@ class BlockLog(FormatSpec):
 
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
         """Blocks that are contiguous runs (along the last dimension, per row, per tensor) run natively."""
-        if x.dim() == 0 or (self.axis is not None and not -x.dim() <= self.axis < x.dim()):
-            return None
-        runs = runs_of(x.shape, self.block_size, self.axis, self.skip_first_dim)
+        runs = native_runs(self, x)
         if runs is None:
             return None
         below_sqrt2 = _largest_float_below_sqrt2(torch.float32) if self.log_domain else 0.0

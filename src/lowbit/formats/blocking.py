@@ -138,6 +138,15 @@ def runs_of(shape: Sequence[int], block_size, axis: int | None = None,
         return contiguous_runs(shape, block_shape(shape, block_size, axis, skip_first_dim))
 
 
+def native_runs(spec, x) -> tuple[int, int, int] | None:
+    """``runs_of`` for a block spec (``block_size``, ``axis``, ``skip_first_dim``) on x, or None where a native
+    kernel does not apply: a 0-d tensor, an axis x does not have (the eager path names it), blocks that are
+    not contiguous runs."""
+    if x.dim() == 0 or (spec.axis is not None and not -x.dim() <= spec.axis < x.dim()):
+        return None
+    return runs_of(x.shape, spec.block_size, spec.axis, spec.skip_first_dim)
+
+
 @functools.lru_cache(maxsize=512)
 def _cached_runs(shape: tuple[int, ...], block_size, axis, skip_first_dim: bool) -> tuple[int, int, int] | None:
     return contiguous_runs(shape, block_shape(shape, block_size, axis, skip_first_dim))

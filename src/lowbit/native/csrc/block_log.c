@@ -17,17 +17,6 @@ static inline float exact_pow2_float(int k) {
     return lb_float((uint32_t)((k > 128 ? 128 : k) + 127) << 23);
 }
 
-static inline int magnitude_mode(int mode, int negative) { /* log._MAGNITUDE_MODES */
-    if (!negative) return mode;
-    switch (mode) {
-    case LB_UP: return LB_DOWN;
-    case LB_DOWN: return LB_UP;
-    case LB_NEAREST_UP: return LB_NEAREST_DOWN;
-    case LB_NEAREST_DOWN: return LB_NEAREST_UP;
-    default: return mode;
-    }
-}
-
 /* log.round_to_power_of_two for one float32 value, the exponents of this block given. */
 static inline float power_of_two(float v, int min_exponent, int max_exponent, const block_log_job *job, int mode) {
     float magnitude = fabsf(v);
@@ -45,7 +34,7 @@ static inline float power_of_two(float v, int min_exponent, int max_exponent, co
         fraction = magnitude > 0.0f && small < LB_FLOAT32_TINY ? LB_FLOAT32_TINY : small;
     }
     float parity = (float)(lower_code % 2);
-    float step = lb_round(parity + fraction, magnitude_mode(mode, v < 0.0f)) - parity;
+    float step = lb_round(parity + fraction, (v < 0.0f ? lb_mirrored_mode(mode) : mode)) - parity;
     int top_code = (max_exponent > 127 ? 127 : max_exponent) - min_exponent + 1;
     int code = lower_code + (int)step;
     code = code < top_code ? code : top_code;

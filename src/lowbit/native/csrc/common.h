@@ -58,6 +58,17 @@ static inline float lb_round(float v, int mode) {
     default: LOOP(LB_DOWN); break; \
     }
 
+/* The mode that rounds the magnitude of a negative value as `mode` rounds the value (up <-> down). */
+static inline int lb_mirrored_mode(int mode) {
+    switch (mode) {
+    case LB_UP: return LB_DOWN;
+    case LB_DOWN: return LB_UP;
+    case LB_NEAREST_UP: return LB_NEAREST_DOWN;
+    case LB_NEAREST_DOWN: return LB_NEAREST_UP;
+    default: return mode;
+    }
+}
+
 static inline uint32_t lb_bits(float v) { uint32_t b; memcpy(&b, &v, 4); return b; }
 static inline float lb_float(uint32_t b) { float v; memcpy(&v, &b, 4); return v; }
 

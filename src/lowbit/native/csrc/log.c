@@ -16,17 +16,6 @@ static inline float log_pow2(int32_t e) {
     return low ? lowered : power;
 }
 
-/* The mode that rounds a magnitude of a negative value (round_to_power_of_two's _MAGNITUDE_MODES). */
-static inline int log_negative_mode(int mode) {
-    switch (mode) {
-    case LB_UP: return LB_DOWN;
-    case LB_DOWN: return LB_UP;
-    case LB_NEAREST_UP: return LB_NEAREST_DOWN;
-    case LB_NEAREST_DOWN: return LB_NEAREST_UP;
-    default: return mode;
-    }
-}
-
 /* lb_round for a position in [0, 2] (never NaN), written so that its loops vectorise: the directed modes by
  * an integer conversion (floorf / ceilf stay calls here), the nearest modes with both tie candidates. */
 static inline float log_round(float position, int mode) {
@@ -77,7 +66,7 @@ static inline float log_value(float v, int32_t min_exponent, int32_t top_code, f
     fraction = below ? small : fraction;
     float parity = (float)(lower_code & 1);
     float position = parity + fraction;
-    float negative = log_round(position, log_negative_mode(mode)), positive = log_round(position, mode);
+    float negative = log_round(position, lb_mirrored_mode(mode)), positive = log_round(position, mode);
     float rounded = v < 0.0f ? negative : positive;
     int32_t code = lower_code + (int32_t)(rounded - parity);
     code = code < top_code ? code : top_code;
@@ -106,7 +95,7 @@ static inline float log_value_normal(float v, int32_t min_exponent, int32_t top_
     fraction = lower_code == 0 ? small : fraction;
     float parity = (float)(lower_code & 1);
     float position = parity + fraction;
-    float negative = log_round(position, log_negative_mode(mode)), positive = log_round(position, mode);
+    float negative = log_round(position, lb_mirrored_mode(mode)), positive = log_round(position, mode);
     float rounded = v < 0.0f ? negative : positive;
     int32_t code = lower_code + (int32_t)(rounded - parity);
     code = code < top_code ? code : top_code;
