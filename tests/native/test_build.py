@@ -138,3 +138,29 @@ def test_a_child_forked_while_the_lock_is_held_can_still_load_the_library(fresh_
             os._exit(0 if build.ensure() is not None else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@needs_compiler
+def test_a_process_that_exits_during_the_background_build_finishes_it_first(tmp_path):
+    script = f"""
+import os, torch
+os.environ["LOWBIT_CACHE_DIR"] = {str(tmp_path)!r}
+import lowbit
+lowbit.quantize(torch.randn(64, 64), "e4m3")  # starts the build, then the process ends at once
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "LOWBIT_BACKEND": "auto"})  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    (library,) = tmp_path.glob("native-*.so")  # the next process finds it cached
+    assert library.with_name(library.name + ".sha256").exists()
+    assert not list(tmp_path.glob(".native-*"))
+
+
+def test_stale_temporaries_of_killed_builds_are_removed(tmp_path):
+    stale, fresh = tmp_path / ".native-abc.so", tmp_path / ".native-objects-def"
+    stale.write_bytes(b"half a library")
+    fresh.mkdir()
+    old = os.stat(stale).st_mtime - 7200
+    os.utime(stale, (old, old))
+    build._remove_stale_temporaries(tmp_path)
+    assert not stale.exists() and fresh.exists()  # a recent one may belong to a build in flight

@@ -16,8 +16,10 @@ name, then renamed), and a library whose bytes do not match its checksum is rebu
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
+import time
 import os
 import platform
 import shutil
@@ -88,6 +90,15 @@ def start_background_build() -> None:
         if _state["thread"] is None:
             _state["thread"] = threading.Thread(target=ensure, name="lowbit-native-build", daemon=True)
             _state["thread"].start()
+            atexit.register(_finish_build)
+
+
+def _finish_build() -> None:
+    """At exit, let a build in flight finish (once per machine, a few seconds): a short process (a CLI call)
+    would otherwise stop it every time, and no later process would ever find the library cached."""
+    thread = _state["thread"]
+    if thread is not None and thread.is_alive():
+        thread.join(BUILD_TIMEOUT_S)
 
 
 def ensure() -> ctypes.CDLL | None:
@@ -141,6 +152,7 @@ def _load_or_build() -> ctypes.CDLL:
         raise RuntimeError("no C compiler found (set $CC, or install gcc or clang)")
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(folder)
     failures = []
     for arch in ARCH_FLAGS:
         flags = BASE_FLAGS + arch
@@ -152,6 +164,16 @@ def _load_or_build() -> ctypes.CDLL:
             return ctypes.CDLL(str(path))
         failures.append(message)
     raise RuntimeError("; ".join(failures))
+
+
+def _remove_stale_temporaries(folder: Path, age_s: float = 3600.0) -> None:
+    """Temporary files and folders of builds that were killed (older than ``age_s``: never one in flight)."""
+    for entry in folder.glob(".native-*"):
+        try:
+            if time.time() - entry.stat().st_mtime > age_s:
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        except OSError:
+            pass
 
 
 def _sealed(path: Path) -> bool:
