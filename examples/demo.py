@@ -39,7 +39,9 @@ def lowbit(*argv: str) -> None:
     from lowbit.cli import main
 
     print(f"\n$ lowbit {' '.join(argv)}", flush=True)
-    if main([*argv, *QUIET] if argv[0] in ("train", "test", "transform", "report") else list(argv)) != 0:
+    # a rerun of the demo starts its training runs again (their folders are the demo's own)
+    extra = [*QUIET, "--overwrite"] if argv[0] == "train" else QUIET
+    if main([*argv, *extra] if argv[0] in ("train", "test", "transform", "report") else list(argv)) != 0:
         sys.exit(f"demo step failed: lowbit {' '.join(argv)}")
 
 
