@@ -21,28 +21,29 @@ typedef struct {
 /* torch.maximum / minimum: NaN wins. */
 static inline float nan_max(float a, float b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
 
-typedef float token_f16 __attribute__((vector_size(64)));
 typedef int32_t token_i16 __attribute__((vector_size(64)));
 
-static inline token_f16 token_select(token_i16 mask, token_f16 yes, token_f16 no) {
-    return (token_f16)(((token_i16)yes & mask) | ((token_i16)no & ~mask));
-}
+/* A float's bits as an int32 whose order is the float order (negative values: magnitude bits flipped). */
+static inline int32_t order_key(int32_t bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }
+static inline token_i16 order_key16(token_i16 bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }
 
-/* The row's max and min (NaN if it holds one), 16 lanes at a time in GCC vector types (a single running max
- * is a chain the compiler will not vectorise); max and min are exact in any order. */
+/* The row's max and min (NaN if it holds one), from integer keys 16 lanes at a time in GCC vector types
+ * (integer max / min vectorise without fast-math; a float running max is a chain the compiler keeps in
+ * order). Exact: the keys order every non-NaN float as the floats do. */
 static void row_range(const float *row, int64_t columns, float *high, float *low) {
-    token_f16 top, bottom;
-    token_i16 nan = {0};
-    for (int j = 0; j < 16; j++) { top[j] = -INFINITY; bottom[j] = INFINITY; }
+    token_i16 top, bottom, nan = {0};
+    for (int j = 0; j < 16; j++) { top[j] = INT32_MIN; bottom[j] = INT32_MAX; }
     const int64_t body = columns - columns % 16;
     for (int64_t k = 0; k < body; k += 16) {
-        token_f16 v;
-        memcpy(&v, row + k, sizeof v);
-        nan |= v != v;
-        top = token_select(v > top, v, top);
-        bottom = token_select(v < bottom, v, bottom);
+        token_i16 bits;
+        memcpy(&bits, row + k, sizeof bits);
+        nan |= (bits & 0x7fffffff) > 0x7f800000;
+        token_i16 key = order_key16(bits);
+        token_i16 above = key > top, below = key < bottom; /* -1 / 0 per lane */
+        top = (key & above) | (top & ~above);
+        bottom = (key & below) | (bottom & ~below);
     }
-    float most = -INFINITY, least = INFINITY;
+    int32_t most = INT32_MIN, least = INT32_MAX;
     int any_nan = 0;
     for (int j = 0; j < 16; j++) {
         any_nan |= nan[j] != 0;
@@ -50,13 +51,16 @@ static void row_range(const float *row, int64_t columns, float *high, float *low
         least = bottom[j] < least ? bottom[j] : least;
     }
     for (int64_t k = body; k < columns; k++) {
-        float v = row[k];
-        any_nan |= v != v;
-        most = v > most ? v : most;
-        least = v < least ? v : least;
+        int32_t bits;
+        memcpy(&bits, row + k, sizeof bits);
+        any_nan |= (bits & 0x7fffffff) > 0x7f800000;
+        int32_t key = order_key(bits);
+        most = key > most ? key : most;
+        least = key < least ? key : least;
     }
-    *high = any_nan ? NAN : most;
-    *low = any_nan ? NAN : least;
+    /* order_key is its own inverse */
+    *high = any_nan ? NAN : lb_float((uint32_t)order_key(most));
+    *low = any_nan ? NAN : lb_float((uint32_t)order_key(least));
 }
 
 /* codes of one row into `out` (locals only, so the loop vectorises: no store can alias the job's fields) */
