@@ -25,8 +25,8 @@ def hard_rows(rows: int, columns: int, seed: int) -> torch.Tensor:
     x = torch.randn(rows, columns, generator=generator) * 3
     x[0, 7] = 40.0  # an outlier sets the first row's scale
     x[1, 4] = float("nan")  # NaN row: codes 0
-    x[2, 9] = float("inf")  # infinite scale: codes 0
-    x[3] = 0.75  # constant row
+    x[2, 9], x[2, 10] = float("inf"), -float("inf")  # infinite scale: codes 0
+    x[3] = -0.75  # constant row, all negative (its max is negative)
     x[4] = torch.randn(columns, generator=generator) * 1e-39  # subnormal row: scale clamped to the smallest normal
     x[5] = 0.0
     x[6, ::2] = -0.0
