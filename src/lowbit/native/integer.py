@@ -69,7 +69,7 @@ def fixed_point(x: torch.Tensor, spec) -> torch.Tensor | None:
 def affine(x: torch.Tensor, spec, block_shape) -> torch.Tensor | None:
     """Affine.quantize: given parameters, or min-max ones over the blocks ``block_shape(shape, block_size,
     axis, skip_first_dim)`` gives (formats.blocking.block_shape, passed in: it lives a layer above)."""
-    entry = _returning_status("lb_affine_f32", _AFFINE_ARGS)
+    entry = kernels.function("lb_affine_f32", _AFFINE_ARGS, INT)  # 0: it could not allocate (nothing written)
     prepared = _prepared_for(spec, _affine_structure)
     if entry is None or prepared.address is None:
         return None
@@ -85,13 +85,6 @@ def affine(x: torch.Tensor, spec, block_shape) -> torch.Tensor | None:
     out = torch.empty_like(x)
     done = entry(x.data_ptr(), out.data_ptr(), *layout, prepared.address, kernels.threads())
     return out if done else None
-
-
-def _returning_status(name: str, argument_types: list):
-    entry = kernels.function(name, argument_types)
-    if entry is not None and entry.restype is not INT:
-        entry.restype = INT  # lb_affine_f32 answers 0 when it could not allocate (nothing written)
-    return entry
 
 
 def _prepared_for(spec, make) -> _Prepared:

@@ -32,6 +32,10 @@ def group_layout(shape: torch.Size, axis: int | None) -> tuple[int, int, int] | 
     return outer, shape[dim], shape[dim + 1 :].numel()
 
 
+def _address(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
 def _per_group(values: tuple[float, ...] | None, groups: int) -> torch.Tensor | None:
     """Given per-tensor / per-channel values as one float32 per group, or None when their count fits neither."""
     if len(values) == 1:
@@ -57,33 +61,39 @@ def ternary(x: torch.Tensor, axis: int | None, threshold: float | None, scaled: 
             alpha: tuple[float, ...] | None) -> torch.Tensor | None:  # fmt: skip
     """formats/ternary.py: ``threshold`` fixed (already a magnitude) or None (TWN: 0.75 mean |x| per group);
     the values +-alpha (given), +-TWN scale (``scaled``) or +-1."""
-    entry = kernels.function("lb_ternary_f32", [POINTER, POINTER, I64, I64, I64, INT, FLOAT, INT, POINTER, INT, POINTER])
+    entry = kernels.function("lb_ternary_f32", [POINTER, POINTER, I64, I64, I64, INT, FLOAT, INT, POINTER, INT], INT)
+    prepared = _grouped(entry, x, axis, alpha)
+    if prepared is None:
+        return None
+    layout, given, out = prepared
+    done = entry(x.data_ptr(), out.data_ptr(), *layout, int(threshold is not None), threshold or 0.0, int(scaled),
+                 _address(given), kernels.threads())  # fmt: skip
+    return out if done else None
+
+
+def binary(x: torch.Tensor, axis: int | None, bipolar: bool, scaled: bool,
+           alpha: tuple[float, ...] | None) -> torch.Tensor | None:  # fmt: skip
+    """formats/binary.py, deterministic: +-1 / {0, 1}, scaled by the given alpha or the per-group mean."""
+    entry = kernels.function("lb_binary_f32", [POINTER, POINTER, I64, I64, I64, INT, INT, POINTER, INT], INT)
+    prepared = _grouped(entry, x, axis if scaled else None, alpha)
+    if prepared is None:
+        return None
+    layout, given, out = prepared
+    done = entry(x.data_ptr(), out.data_ptr(), *layout, int(bipolar), int(scaled), _address(given), kernels.threads())
+    return out if done else None
+
+
+def _grouped(entry, x: torch.Tensor, axis: int | None, alpha: tuple[float, ...] | None):
+    """(group layout, the given alphas as one float32 per group or None, output tensor) for ternary / binary, or
+    None where the kernel does not apply (no library, an axis x lacks, an empty tensor, alphas matching no
+    group count)."""
     layout = group_layout(x.shape, axis)
     if entry is None or layout is None or x.numel() == 0:
         return None
     given = None if alpha is None else _per_group(alpha, layout[1])
     if alpha is not None and given is None:
         return None
-    out, status = torch.empty_like(x), ctypes.c_int(0)
-    entry(x.data_ptr(), out.data_ptr(), *layout, int(threshold is not None), threshold or 0.0, int(scaled),
-          None if given is None else given.data_ptr(), kernels.threads(), ctypes.addressof(status))  # fmt: skip
-    return out if status.value else None
-
-
-def binary(x: torch.Tensor, axis: int | None, bipolar: bool, scaled: bool,
-           alpha: tuple[float, ...] | None) -> torch.Tensor | None:  # fmt: skip
-    """formats/binary.py, deterministic: +-1 / {0, 1}, scaled by the given alpha or the per-group mean."""
-    entry = kernels.function("lb_binary_f32", [POINTER, POINTER, I64, I64, I64, INT, INT, POINTER, INT, POINTER])
-    layout = group_layout(x.shape, axis if scaled else None)
-    if entry is None or layout is None or x.numel() == 0:
-        return None
-    given = None if alpha is None else _per_group(alpha, layout[1])
-    if alpha is not None and given is None:
-        return None
-    out, status = torch.empty_like(x), ctypes.c_int(0)
-    entry(x.data_ptr(), out.data_ptr(), *layout, int(bipolar), int(scaled),
-          None if given is None else given.data_ptr(), kernels.threads(), ctypes.addressof(status))  # fmt: skip
-    return out if status.value else None
+    return layout, given, torch.empty_like(x)
 
 
 def residual(x: torch.Tensor, midpoints: tuple[float, ...], above: tuple[bool, ...],

@@ -102,22 +102,13 @@ LB_INLINE block_extremes extremes_of(const float *restrict x, int64_t length) {
     return result;
 }
 
-/* max |x| over the elements that are not NaN, as bits: 0x7f800000 when the block holds an inf. */
-LB_INLINE int32_t non_nan_abs_max_bits(const float *restrict x, int64_t length) {
+/* The largest magnitude bit pattern of x[0, length) among those <= limit (others count as +0): limit
+ * 0x7f7fffff keeps the finite elements, 0x7f800000 every element but NaN, 0x7fffffff all of them. */
+LB_INLINE int32_t abs_max_bits_upto(const float *restrict x, int64_t length, int32_t limit) {
     int32_t largest = 0;
     for (int64_t k = 0; k < length; k++) {
         int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
-        magnitude = magnitude <= 0x7f800000 ? magnitude : 0;
-        largest = magnitude > largest ? magnitude : largest;
-    }
-    return largest;
-}
-
-/* The largest magnitude bit pattern: >= 0x7f800000 when the block holds an inf or a NaN. */
-LB_INLINE int32_t abs_max_bits(const float *restrict x, int64_t length) {
-    int32_t largest = 0;
-    for (int64_t k = 0; k < length; k++) {
-        int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
+        magnitude = magnitude <= limit ? magnitude : 0;
         largest = magnitude > largest ? magnitude : largest;
     }
     return largest;
@@ -125,13 +116,7 @@ LB_INLINE int32_t abs_max_bits(const float *restrict x, int64_t length) {
 
 /* max |x| over the finite elements (>= +0). */
 LB_INLINE float finite_abs_max_of(const float *restrict x, int64_t length) {
-    int32_t largest = 0;
-    for (int64_t k = 0; k < length; k++) {
-        int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
-        magnitude = magnitude < 0x7f800000 ? magnitude : 0;
-        largest = magnitude > largest ? magnitude : largest;
-    }
-    return lb_float((uint32_t)largest);
+    return lb_float((uint32_t)abs_max_bits_upto(x, length, 0x7f7fffff));
 }
 
 /* block_fp.exponent_from_extremes: the smallest exponent in [low_e, high_e] at which nothing overflows. */
@@ -169,7 +154,7 @@ static inline int nearest_even_exponent(block_extremes ex, int significand_bits,
 LB_INLINE int block_exponent(const float *restrict x, int64_t length, int significand_bits, int mode,
                              int min_exponent, int max_exponent) {
     if (mode == LB_NEAREST_EVEN) {
-        int32_t largest = non_nan_abs_max_bits(x, length);
+        int32_t largest = abs_max_bits_upto(x, length, 0x7f800000); /* inf, not NaN */
         if (largest < 0x7f800000) {
             block_extremes ex = {0.0f, lb_float((uint32_t)largest), 0};
             return nearest_even_exponent(ex, significand_bits, min_exponent, max_exponent);

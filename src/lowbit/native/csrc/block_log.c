@@ -92,7 +92,7 @@ LB_INLINE void block_log_block(const block_log_job *job, int64_t index, const fl
     int bias = job->top_code - ceil_log2;
     bias = bias < 0 ? 0 : (bias > job->max_bias ? job->max_bias : bias);
     int min_exponent = 1 - bias, max_exponent = job->top_code - bias;
-    if (mode == LB_NEAREST_EVEN && !job->log_domain && abs_max_bits(x, length) < 0x7f800000) { /* finite */
+    if (mode == LB_NEAREST_EVEN && !job->log_domain && abs_max_bits_upto(x, length, 0x7fffffff) < 0x7f800000) { /* finite */
         if (min_exponent - 1 >= -126) nearest_power_float(x, out, length, min_exponent, max_exponent);
         else nearest_power_double(x, out, length, min_exponent, max_exponent);
         return;

@@ -41,6 +41,17 @@ typedef struct {
     int log_domain, mode;
 } log_job;
 
+/* The exponent code of v: the lower code plus its rounding by the fraction of the way to the next power
+ * (ties to the even code by the parity), clamped to top_code. */
+static inline int32_t log_code(float v, int32_t lower_code, float fraction, int32_t top_code, int mode) {
+    float parity = (float)(lower_code & 1);
+    float position = parity + fraction;
+    float negative = log_round(position, lb_mirrored_mode(mode)), positive = log_round(position, mode);
+    float rounded = v < 0.0f ? negative : positive;
+    int32_t code = lower_code + (int32_t)(rounded - parity);
+    return code < top_code ? code : top_code;
+}
+
 /* round_to_power_of_two for one float32, its operations in the same order. Tests on the magnitude are done
  * on its bits (integer selects on float compares keep GCC from vectorising). */
 static inline float log_value(float v, int32_t min_exponent, int32_t top_code, float below_sqrt2, int log_domain,
@@ -64,12 +75,7 @@ static inline float log_value(float v, int32_t min_exponent, int32_t top_code, f
     float small = mantissa * log_pow2(shift);
     small = nonzero ? (small < FLT_MIN ? FLT_MIN : small) : small;
     fraction = below ? small : fraction;
-    float parity = (float)(lower_code & 1);
-    float position = parity + fraction;
-    float negative = log_round(position, lb_mirrored_mode(mode)), positive = log_round(position, mode);
-    float rounded = v < 0.0f ? negative : positive;
-    int32_t code = lower_code + (int32_t)(rounded - parity);
-    code = code < top_code ? code : top_code;
+    int32_t code = log_code(v, lower_code, fraction, top_code, mode);
     code = bits == 0x7f800000u ? top_code : code;
     float power = log_pow2(min_exponent + code - 1);
     float value = copysignf(code == 0 ? 0.0f : power, v);
@@ -93,12 +99,7 @@ static inline float log_value_normal(float v, int32_t min_exponent, int32_t top_
     small = small < FLT_MIN ? FLT_MIN : small;
     small = kept == 0u ? 0.0f : small;
     fraction = lower_code == 0 ? small : fraction;
-    float parity = (float)(lower_code & 1);
-    float position = parity + fraction;
-    float negative = log_round(position, lb_mirrored_mode(mode)), positive = log_round(position, mode);
-    float rounded = v < 0.0f ? negative : positive;
-    int32_t code = lower_code + (int32_t)(rounded - parity);
-    code = code < top_code ? code : top_code;
+    int32_t code = log_code(v, lower_code, fraction, top_code, mode);
     float power = lb_float((uint32_t)(min_exponent + code - 1 + 127) << 23);
     float value = copysignf(code == 0 ? 0.0f : power, v);
     return v != v ? v : value;

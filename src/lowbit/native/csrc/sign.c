@@ -354,14 +354,13 @@ void lb_residual_f32(const float *x, float *out, int64_t n, int points, const fl
 /* ---------------------------------------------------------------- whole formats ------------------------ */
 
 /* formats/ternary.py: delta = threshold (fixed) or 0.75 mean |x| per group (TWN); the value is the given
- * alpha[g], the TWN scale (scaled) or 1. *status: 1, or 0 where the eager path must run (see stats_means). */
-void lb_ternary_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, int fixed,
-                    float threshold, int scaled, const float *alpha, int threads, int *status) {
+ * alpha[g], the TWN scale (scaled) or 1. Returns 1, or 0 where the eager path must run (see stats_means). */
+int lb_ternary_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, int fixed,
+                   float threshold, int scaled, const float *alpha, int threads) {
     group_stats stats = {.memory = NULL};
     int needs_stats = !fixed || (scaled && !alpha);
     float *arrays = calloc(5 * (size_t)groups, sizeof(float));
-    *status = 0;
-    if (!arrays || (needs_stats && !stats_open(&stats, x, outer, groups, inner))) { free(arrays); return; }
+    if (!arrays || (needs_stats && !stats_open(&stats, x, outer, groups, inner))) { free(arrays); return 0; }
     float *delta = arrays, *value = delta + groups, *top = value + groups, *unit = top + groups, *mean = unit + groups;
     int ok = 1, have_tops = 0;
     if (fixed) {
@@ -381,17 +380,16 @@ void lb_ternary_f32(const float *x, float *out, int64_t outer, int64_t groups, i
     }
     if (ok) lb_sign_elements_f32(x, out, outer, groups, inner, ELEMENT_TERNARY, delta, value, threads);
     free(stats.memory), free(arrays);
-    *status = ok;
+    return ok;
 }
 
 /* formats/binary.py (deterministic): the value is the given alpha[g], mean |x| (bipolar) or the mean of the
- * finite positives (unipolar) per group when scaled, or 1. *status: 1, or 0 where the eager path must run. */
-void lb_binary_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, int bipolar,
-                   int scaled, const float *alpha, int threads, int *status) {
+ * finite positives (unipolar) per group when scaled, or 1. Returns 1, or 0 where the eager path must run. */
+int lb_binary_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, int bipolar,
+                  int scaled, const float *alpha, int threads) {
     group_stats stats = {.memory = NULL};
     float *arrays = calloc(3 * (size_t)groups, sizeof(float));
-    *status = 0;
-    if (!arrays || (scaled && !alpha && !stats_open(&stats, x, outer, groups, inner))) { free(arrays); return; }
+    if (!arrays || (scaled && !alpha && !stats_open(&stats, x, outer, groups, inner))) { free(arrays); return 0; }
     float *value = arrays, *top = value + groups, *unit = top + groups;
     int ok = 1, select = bipolar ? SELECT_NOT_NAN : SELECT_POSITIVE;
     if (alpha) {
@@ -405,5 +403,5 @@ void lb_binary_f32(const float *x, float *out, int64_t outer, int64_t groups, in
     if (ok) lb_sign_elements_f32(x, out, outer, groups, inner, bipolar ? ELEMENT_BIPOLAR : ELEMENT_UNIPOLAR,
                                  value, value, threads);
     free(stats.memory), free(arrays);
-    *status = ok;
+    return ok;
 }
