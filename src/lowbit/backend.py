@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from lowbit.formats._base import FormatSpec
 
 BACKENDS = ("auto", "native", "eager", "compiled")
-_NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_NATIVE_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 # auto: tensors smaller than this stay eager (a fused kernel saves little there); a kernel key becomes hot
 # after HOT_CALLS calls on larger ones and is then compiled in the background.
 AUTO_MIN_ELEMENTS = 1 << 14
@@ -112,10 +112,20 @@ def wants_compiled(spec: FormatSpec, x: torch.Tensor) -> bool:
 
 def run(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """``spec._quantize_in_dtype(x, generator)`` on the backend in force (x floating point, non-empty)."""
-    if not spec.is_stochastic and x.device.type == "cpu":
-        result = _native_result(spec, x)
-        if result is not None:
-            return result
+    result = run_native(spec, x)
+    return result if result is not None else run_without_native(spec, x, generator)
+
+
+def run_native(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor | None:
+    """The native kernel's result where one runs under the backend in force, else None. No autograd graph
+    is recorded either way (the kernel writes a new tensor)."""
+    if spec.is_stochastic or x.device.type != "cpu":
+        return None
+    return _native_result(spec, x)
+
+
+def run_without_native(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """``run`` once the native kernel has declined (or was never a candidate)."""
     if not wants_compiled(spec, x):
         return spec._quantize_in_dtype(x, generator)
     upcast = spec.upcast_before_kernel and x.dtype in (torch.float16, torch.bfloat16)
@@ -135,12 +145,13 @@ def run(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) ->
 def _native_result(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor | None:
     """The native kernel's result, or None where none runs (other backend, dtype or layout; no kernel for
     these parameters; library not loaded yet: ``auto`` starts its build and answers eagerly meanwhile)."""
-    if x.dtype not in _NATIVE_DTYPES or not x.is_contiguous() or not native_ready():
+    dtype = x.dtype
+    if dtype not in _NATIVE_DTYPES or not x.is_contiguous() or not native_ready():
         return None
-    result = spec._native(x if x.dtype == torch.float32 else x.float(), x.dtype)
-    if result is None or x.dtype == torch.float32:
-        return result
-    return saturating_cast(result, x.dtype)
+    if dtype is torch.float32:
+        return spec._native(x, dtype)
+    result = spec._native(x.float(), dtype)
+    return None if result is None else saturating_cast(result, dtype)
 
 
 def native_ready() -> bool:

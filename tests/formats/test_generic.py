@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import lowbit
+from lowbit.errors import FormatError
 from format_cases import CASES
 from helpers import assert_same
 
@@ -223,3 +224,14 @@ def test_api_entry_points_agree(name, params, traits):
     assert_same(lowbit.get_format(name).create(**params)(x), by_name)
     assert_same(lowbit.quantize(x, spec), by_name)
     assert spec == lowbit.formats.resolve(name, **params)
+
+
+def test_resolve_reuses_a_validated_spec_only_for_parameters_the_checks_cannot_tell_apart():
+    spec = lowbit.formats.resolve("integer", width=4, frac_width=2)
+    assert lowbit.formats.resolve("integer", frac_width=2, width=4) is spec  # keyword order does not matter
+    lowbit.formats.resolve("integer", width=1, frac_width=0)
+    with pytest.raises(FormatError, match="width=True"):  # True == 1 and hash(True) == hash(1): still refused
+        lowbit.formats.resolve("integer", width=True, frac_width=0)
+    blocks = lowbit.formats.resolve("block_fp", width=8, block_size=[1, 16])
+    assert lowbit.formats.resolve("block_fp", width=8, block_size=[1, 16]) is blocks
+    assert lowbit.formats.resolve("block_fp", width=8, block_size=(1, 16)) == blocks

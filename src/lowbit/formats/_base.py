@@ -84,17 +84,28 @@ class FormatSpec:
     ) -> torch.Tensor:
         """Fake-quantize ``x`` (same shape and dtype) with a straight-through gradient."""
         check_tensor(x)
-        gen = make_generator(seed, generator, x.device)  # validates seed / generator even if unused
-        gen = gen if self.is_stochastic else None
-        return straight_through(lambda t: self.quantize(t, gen), x)
+        gen = None
+        if seed is not None or generator is not None:
+            gen = make_generator(seed, generator, x.device)  # validates seed / generator even if unused
+            gen = gen if self.is_stochastic else None
+        return straight_through(lambda t: self._quantize_checked(t, gen), x)
 
     def quantize(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Fake-quantize without autograd bookkeeping: float32/float64 math, result in ``x.dtype``."""
         check_tensor(x)
+        return self._quantize_checked(x, generator)
+
+    def _quantize_checked(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """``quantize`` of a checked tensor (the few microseconds of a 384 x 384 call count)."""
         if x.numel() == 0:
             return x.detach().clone()
-        with torch.no_grad():
-            return backend.run(self, x.detach(), generator)
+        result = backend.run_native(self, x)
+        if result is not None:
+            return result
+        if torch.is_grad_enabled():  # inside the straight-through function's forward it is already off
+            with torch.no_grad():
+                return backend.run_without_native(self, x.detach(), generator)
+        return backend.run_without_native(self, x.detach() if x.requires_grad else x, generator)
 
     def _quantize_in_dtype(self, x: torch.Tensor, generator: torch.Generator | None,
                            out_dtype: torch.dtype | None = None) -> torch.Tensor:  # fmt: skip

@@ -69,18 +69,33 @@ def resolve(fmt: Any, **params: Any) -> FormatSpec:
     return spec
 
 
-_PLAIN = (str, int, float, bool, type(None))
+_PLAIN = frozenset((str, int, bool, type(None)))  # compared by value and type; floats by repr (-0.0, nan)
 
 
 def _cache_key(name: Any, params: dict[str, Any]) -> tuple | None:
-    """A key telling apart every parameter value the checks tell apart (True from 1, 4 from 4.0: by repr),
-    or None when a value is not a plain number / string / None or a list / tuple of them (a tensor)."""
-    def plain(value: Any) -> bool:
-        return isinstance(value, _PLAIN) or (isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value))
-
-    if not isinstance(name, str) or not all(plain(value) for value in params.values()):
+    """A key telling apart every parameter value the checks tell apart (True from 1, 4 from 4.0, -0.0 from
+    0.0), or None when a value is not a plain number / string / None or a list / tuple of them (a tensor)."""
+    if not isinstance(name, str):
         return None
-    return (name, *((key, type(value).__name__, repr(value)) for key, value in sorted(params.items())))
+    items = [name]
+    for key in sorted(params):
+        value = _plain_key(params[key])
+        if value is None:
+            return None
+        items.append((key, value))
+    return tuple(items)
+
+
+def _plain_key(value: Any) -> tuple | None:
+    kind = type(value)
+    if kind in _PLAIN:
+        return (kind, value)
+    if kind is float:
+        return (kind, repr(value))
+    if kind in (list, tuple):
+        parts = [_plain_key(item) if type(item) in _PLAIN or type(item) is float else None for item in value]
+        return None if None in parts else (kind, tuple(parts))
+    return None
 
 
 def parameter_names(cls: type[FormatSpec]) -> list[str]:

@@ -12,6 +12,11 @@ compiler and its version, the flags and the CPU (model and ISA flags), so a cach
 never loads a library built for another CPU. Both files appear whole or not at all (written to a temporary
 name, then renamed), and a library whose bytes do not match its checksum is rebuilt, never loaded.
 ``LOWBIT_NATIVE=0`` turns the native path off; ``$CC`` picks the compiler.
+
+Threads: when this process's torch runs on GNU OpenMP, the library is built with ``-fopenmp`` and links the
+libgomp torch already loaded (the loader matches its soname), so the kernels' parallel regions run on torch's
+own worker pool; otherwise (another OpenMP runtime, no OpenMP in the compiler, ``LOWBIT_NATIVE_OPENMP=0``)
+they start threads of their own (csrc/parallel.c).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ SOURCE_DIR = Path(__file__).parent / "csrc"
 # Exact IEEE semantics: no -ffast-math, no FMA contraction, no errno calls in the rounding functions.
 BASE_FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared", "-pthread"]
 ARCH_FLAGS = [["-march=native"], []]  # the second: compilers / targets without -march=native
+OPENMP_FLAGS = ["-fopenmp"]
 BUILD_TIMEOUT_S = 120
 
 _state: dict = {"library": None, "error": None, "thread": None}
@@ -54,7 +60,8 @@ if hasattr(os, "register_at_fork"):
 
 
 def disabled() -> bool:
-    return os.environ.get("LOWBIT_NATIVE", "").strip().lower() in ("0", "false", "no", "off")
+    value = os.environ.get("LOWBIT_NATIVE")  # read on every call (a test or a user may set it at any time)
+    return value is not None and value.strip().lower() in ("0", "false", "no", "off")
 
 
 def cache_dir() -> Path:
@@ -75,6 +82,12 @@ def library() -> ctypes.CDLL | None:
     """The loaded library, or None while it is not (yet) available or LOWBIT_NATIVE=0. Never blocks and
     never builds."""
     return None if disabled() else _state["library"]
+
+
+def loaded() -> ctypes.CDLL | None:
+    """The loaded library whatever $LOWBIT_NATIVE says now (``kernels.function``: its callers have asked
+    ``library()`` / ``ensure()`` already, which read it)."""
+    return _state["library"]
 
 
 def error() -> str | None:
@@ -154,8 +167,7 @@ def _load_or_build() -> ctypes.CDLL:
     folder.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(folder)
     failures = []
-    for arch in ARCH_FLAGS:
-        flags = BASE_FLAGS + arch
+    for flags in _flag_choices():
         path = folder / f"native-{_key(cc, flags)}.so"
         if _sealed(path):
             return ctypes.CDLL(str(path))
@@ -164,6 +176,27 @@ def _load_or_build() -> ctypes.CDLL:
             return ctypes.CDLL(str(path))
         failures.append(message)
     raise RuntimeError("; ".join(failures))
+
+
+def _flag_choices() -> list[list[str]]:
+    """Flag sets to try in order: with OpenMP first where torch's pool can be shared, each with -march=native
+    first."""
+    threading_choices = [OPENMP_FLAGS, []] if openmp_wanted() else [[]]
+    return [BASE_FLAGS + arch + extra for extra in threading_choices for arch in ARCH_FLAGS]
+
+
+def openmp_wanted() -> bool:
+    """Whether to build on OpenMP: torch's runtime in this process is GNU OpenMP (libgomp is mapped), so the
+    library shares torch's thread pool instead of starting a second runtime."""
+    if os.environ.get("LOWBIT_NATIVE_OPENMP", "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    try:
+        maps = Path("/proc/self/maps").read_text(errors="replace")
+    except OSError:  # not Linux: threads of our own
+        return False
+    runtimes = {line.rsplit("/", 1)[-1] for line in maps.splitlines() if "omp" in line.rsplit("/", 1)[-1]}
+    return any(name.startswith("libgomp") for name in runtimes) and not any(
+        name.startswith(("libiomp", "libomp")) for name in runtimes)  # fmt: skip
 
 
 def _remove_stale_temporaries(folder: Path, age_s: float = 3600.0) -> None:

@@ -23,8 +23,9 @@ _bound: dict[str, tuple] = {}
 
 def function(name: str, argument_types: list, result_type=None):
     """The C function ``name`` of the loaded library with these argument and result types (ctypes), or None
-    when no library is loaded. Bound once per library."""
-    library = build.library()
+    when no library is loaded. Bound once per library. Callers are gated by ``build.library()`` /
+    ``build.ensure()`` (``backend.native_ready``, a forced native path), which honour $LOWBIT_NATIVE."""
+    library = build.loaded()
     if library is None:
         return None
     bound = _bound.get(name)
@@ -48,6 +49,13 @@ def threads_from(elements: int):
         yield
     finally:
         entry(0)
+
+
+def uses_openmp() -> bool:
+    """Whether the loaded library's parallel regions run on torch's OpenMP pool (False: threads of its own,
+    or no library)."""
+    entry = function("lb_uses_openmp", [], INT)
+    return bool(entry is not None and entry())
 
 
 def threads() -> int:

@@ -1,8 +1,21 @@
-/* lb_parallel: split a loop over threads created for the call. Worker threads take the caller's floating-
- * point control state (rounding direction, flush-to-zero), so a chunk rounds exactly as the caller would. */
+/* lb_parallel: split a loop over threads. Worker threads take the caller's floating-point control state
+ * (rounding direction, flush-to-zero), so a chunk rounds exactly as the caller would.
+ *
+ * Two ways to get threads, chosen when the library is built (build.py):
+ * - OpenMP, when the process's torch runs on GNU OpenMP: the library then links the same libgomp (one
+ *   runtime per process, found by its soname), so its parallel regions run on torch's own worker threads,
+ *   already started and often still spinning from torch's last op. A region costs a few microseconds, and
+ *   nothing competes with torch for the cores.
+ * - Threads created for the call (pthreads) otherwise, and in a forked child: GNU OpenMP's pool does not
+ *   survive fork (a child that enters a region its parent's pool had served waits forever; torch's own ops
+ *   hang there too), while a new thread works. */
 #include <fenv.h>
 #include <pthread.h>
 #include "common.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
@@ -10,58 +23,77 @@
 #endif
 
 #define LB_MAX_THREADS 256
-/* Below this many elements a job runs on the caller's thread alone: starting a thread costs tens of
- * microseconds, and a thread of ours competes with torch's OpenMP workers, which keep spinning for a while
- * after each parallel region (a QAT step quantizes between GEMMs: 1.06-1.14x fp32 single-threaded against
- * 1.09-1.16x with threads from 2^20 elements, Zen 5, 2 cores). From 4M elements threads still pay off. */
-#define LB_PARALLEL_MIN ((int64_t)1 << 22)
+/* Below this many elements a job runs on the caller's thread alone. Threads of our own cost tens of
+ * microseconds to start and compete with torch's OpenMP workers, which keep spinning for a while after each
+ * parallel region (a QAT step quantizes between GEMMs: 1.06-1.14x fp32 single-threaded against 1.09-1.16x
+ * with threads from 2^20 elements, Zen 5, 2 cores). From 4M elements they still pay off. */
+#define LB_PTHREADS_FROM ((int64_t)1 << 22)
+/* On torch's OpenMP pool a region costs about as much as copying 2^15 floats. */
+#define LB_OPENMP_FROM ((int64_t)1 << 16)
+
+typedef struct {
+    fenv_t environment;
+#ifdef LB_HAS_MXCSR
+    unsigned int mxcsr;
+#endif
+} lb_float_state;
+
+static void lb_save_state(lb_float_state *state) {
+    fegetenv(&state->environment);
+#ifdef LB_HAS_MXCSR
+    state->mxcsr = _mm_getcsr();
+#endif
+}
+
+static void lb_load_state(const lb_float_state *state) {
+    fesetenv(&state->environment);
+#ifdef LB_HAS_MXCSR
+    _mm_setcsr(state->mxcsr);
+#endif
+}
 
 typedef struct {
     lb_range_fn fn;
     const void *context;
     int64_t begin, end;
-    fenv_t environment;
-#ifdef LB_HAS_MXCSR
-    unsigned int mxcsr;
-#endif
+    lb_float_state state;
 } lb_chunk;
 
 static void *lb_run_chunk(void *argument) {
     lb_chunk *chunk = argument;
-    fesetenv(&chunk->environment);
-#ifdef LB_HAS_MXCSR
-    _mm_setcsr(chunk->mxcsr);
-#endif
+    lb_load_state(&chunk->state);
     chunk->fn(chunk->context, chunk->begin, chunk->end);
     return NULL;
 }
 
 /* Tests lower every threshold to run the threaded code on small tensors (0: each caller's own threshold). */
 static volatile int64_t lb_threads_from_override = 0;
+static volatile int lb_forked = 0;
 
 void lb_set_threads_from(int64_t minimum) { lb_threads_from_override = minimum > 0 ? minimum : 0; }
 
-void lb_parallel(int64_t n, int64_t grain, int threads, lb_range_fn fn, const void *context) {
-    lb_parallel_from(n, grain, threads, LB_PARALLEL_MIN, fn, context);
+/* 1: parallel regions run on OpenMP (torch's pool), 0: on threads of our own. */
+int lb_uses_openmp(void) {
+#ifdef _OPENMP
+    return !lb_forked;
+#else
+    return 0;
+#endif
 }
 
-void lb_parallel_from(int64_t n, int64_t grain, int threads, int64_t minimum, lb_range_fn fn, const void *context) {
-    if (grain < 1) grain = 1;
-    if (threads > LB_MAX_THREADS) threads = LB_MAX_THREADS;
-    if (lb_threads_from_override) minimum = lb_threads_from_override;
-    if (threads <= 1 || n < minimum) { fn(context, 0, n); return; }
-    int64_t units = (n + grain - 1) / grain, per = (units + threads - 1) / threads;
+static void lb_after_fork_in_child(void) { lb_forked = 1; }
+
+__attribute__((constructor)) static void lb_watch_fork(void) { pthread_atfork(NULL, NULL, lb_after_fork_in_child); }
+
+static void lb_pthreads(int64_t n, int64_t per, int threads, lb_range_fn fn, const void *context) {
     pthread_t handles[LB_MAX_THREADS];
     lb_chunk chunks[LB_MAX_THREADS];
     int started[LB_MAX_THREADS] = {0}, count = 0;
-    for (int64_t begin = 0; begin < n; begin += per * grain, count++) {
+    for (int64_t begin = 0; begin < n && count < threads; begin += per, count++) {
         lb_chunk *chunk = &chunks[count];
         chunk->fn = fn; chunk->context = context; chunk->begin = begin;
-        chunk->end = begin + per * grain < n ? begin + per * grain : n;
-        fegetenv(&chunk->environment);
-#ifdef LB_HAS_MXCSR
-        chunk->mxcsr = _mm_getcsr();
-#endif
+        chunk->end = begin + per < n ? begin + per : n;
+        lb_save_state(&chunk->state);
         if (count > 0) started[count] = pthread_create(&handles[count], NULL, lb_run_chunk, chunk) == 0;
     }
     fn(context, chunks[0].begin, chunks[0].end);
@@ -69,4 +101,40 @@ void lb_parallel_from(int64_t n, int64_t grain, int threads, int64_t minimum, lb
         if (started[index]) pthread_join(handles[index], NULL);
         else fn(context, chunks[index].begin, chunks[index].end); /* no thread: run it here */
     }
+}
+
+#ifdef _OPENMP
+static void lb_openmp(int64_t n, int64_t per, int threads, lb_range_fn fn, const void *context) {
+    lb_float_state caller;
+    lb_save_state(&caller);
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t begin = (int64_t)omp_get_thread_num() * per;
+        if (begin < n) {
+            lb_float_state own;
+            lb_save_state(&own);
+            lb_load_state(&caller);
+            fn(context, begin, begin + per < n ? begin + per : n);
+            lb_load_state(&own); /* torch's worker keeps its own state */
+        }
+    }
+}
+#endif
+
+void lb_parallel(int64_t n, int64_t grain, int threads, lb_range_fn fn, const void *context) {
+    lb_parallel_from(n, grain, threads, LB_PTHREADS_FROM, fn, context);
+}
+
+void lb_parallel_from(int64_t n, int64_t grain, int threads, int64_t minimum, lb_range_fn fn, const void *context) {
+    int openmp = lb_uses_openmp();
+    if (grain < 1) grain = 1;
+    if (threads > LB_MAX_THREADS) threads = LB_MAX_THREADS;
+    if (openmp && minimum > LB_OPENMP_FROM) minimum = LB_OPENMP_FROM;
+    if (lb_threads_from_override) minimum = lb_threads_from_override;
+    if (threads <= 1 || n < minimum) { fn(context, 0, n); return; }
+    int64_t units = (n + grain - 1) / grain, per = (units + threads - 1) / threads * grain;
+#ifdef _OPENMP
+    if (openmp) { lb_openmp(n, per, threads, fn, context); return; }
+#endif
+    lb_pthreads(n, per, threads, fn, context);
 }
