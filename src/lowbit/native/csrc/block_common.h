@@ -61,6 +61,14 @@ static inline double pow2_double(int k) { /* torch.ldexp(1.0, k) in float64: inf
     return value;
 }
 
+/* lb_clamp (torch.clamp to [-limit, limit], NaN kept) as a min then a max, each written so that a NaN v
+ * compares false and passes through: one instruction each on x86 (minps / maxps keep their second operand
+ * when either is NaN). */
+static inline float clamp_symmetric(float v, float limit) {
+    float below = limit < v ? limit : v;
+    return -limit > below ? -limit : below;
+}
+
 static inline double clamp_double(double v, double limit) { return v > limit ? limit : (v < -limit ? -limit : v); }
 
 /* lb_grid_round with the division by the step (a power of two) done as a multiplication by its reciprocal,
@@ -81,6 +89,10 @@ static inline float general_step(float v, int min_exponent, int mantissa_bits) {
 }
 
 #define LB_INLINE static inline __attribute__((always_inline))
+/* Before a loop over one block's elements: GCC would otherwise peel a loop of a constant 16 or 32 iterations
+ * into scalar code before vectorising it (and then vectorise the loop over blocks instead, lanes across 16
+ * blocks: several times slower); kept a loop, it becomes one or two whole-vector iterations. */
+#define LB_BLOCK_LOOP _Pragma("GCC unroll 1")
 
 /* Per block: finite min widened to zero, finite max widened to zero, and whether an inf is present. */
 typedef struct { float low, high; int has_inf; } block_extremes;
@@ -89,7 +101,7 @@ LB_INLINE block_extremes extremes_of(const float *restrict x, int64_t length) {
     /* bit patterns (signed: the reductions vectorise): the largest non-negative finite value, the largest
      * magnitude of a negative one */
     int32_t high = 0, low = 0, infinite = 0;
-    for (int64_t k = 0; k < length; k++) {
+    LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) {
         uint32_t bits = lb_bits(x[k]);
         int32_t magnitude = (int32_t)(bits & 0x7fffffffu);
         int32_t finite = magnitude < 0x7f800000 ? magnitude : 0;
@@ -106,7 +118,7 @@ LB_INLINE block_extremes extremes_of(const float *restrict x, int64_t length) {
  * 0x7f7fffff keeps the finite elements, 0x7f800000 every element but NaN, 0x7fffffff all of them. */
 LB_INLINE int32_t abs_max_bits_upto(const float *restrict x, int64_t length, int32_t limit) {
     int32_t largest = 0;
-    for (int64_t k = 0; k < length; k++) {
+    LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) {
         int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
         magnitude = magnitude <= limit ? magnitude : 0;
         largest = magnitude > largest ? magnitude : largest;
@@ -134,8 +146,6 @@ static inline int exponent_from_extremes(block_extremes ex, int significand_bits
     return exponent > max_exponent ? max_exponent : exponent;
 }
 
-/* Every block of [begin, end) (in units of block_length elements): BLOCK(job, index, x, out, length, MODE);
- */
 /* block_fp.nearest_even_exponent for a block without inf: |max| rounded half to even onto
  * significand_bits - 1 fraction bits by an integer add on its float64 bits (the carry moves the exponent). */
 static inline int nearest_even_exponent(block_extremes ex, int significand_bits, int min_exponent,
@@ -155,6 +165,15 @@ LB_INLINE int block_exponent(const float *restrict x, int64_t length, int signif
                              int min_exponent, int max_exponent) {
     if (mode == LB_NEAREST_EVEN) {
         int32_t largest = abs_max_bits_upto(x, length, 0x7f800000); /* inf, not NaN */
+        if (largest >= 0x00800000 && largest < 0x7f800000 && significand_bits <= 23) {
+            /* a normal float32 |max|: the same rounding on its float32 bits (their fraction is the float64
+             * one's top 23 bits, the rest zero, so the carry into the exponent happens alike) */
+            int dropped = 24 - significand_bits;
+            int32_t rounded = largest + (significand_bits == 1 ? 1 << (dropped - 1)
+                                                               : ((largest >> dropped) & 1) + (1 << (dropped - 1)) - 1);
+            int exponent = (rounded >> 23) - 127;
+            return exponent < min_exponent ? min_exponent : (exponent > max_exponent ? max_exponent : exponent);
+        }
         if (largest < 0x7f800000) {
             block_extremes ex = {0.0f, lb_float((uint32_t)largest), 0};
             return nearest_even_exponent(ex, significand_bits, min_exponent, max_exponent);
@@ -163,18 +182,56 @@ LB_INLINE int block_exponent(const float *restrict x, int64_t length, int signif
     return exponent_from_extremes(extremes_of(x, length), significand_bits, mode, min_exponent, max_exponent);
 }
 
-#define LB_FOR_BLOCKS(job, begin, end, BLOCK, MODE) \
+/* Every block of [begin, end) (in units of block_length elements), in two steps: STAT(job, index, x, length,
+ * MODE) returns the block's parameters (a PARAM: its exponent, scale, ...), APPLY(job, params, x, out, length,
+ * MODE) rounds its elements. Blocks of 16 and 32 elements (the common sizes) get the length a compile-time
+ * constant, so each block's reductions and element loops become straight vector code; a row's shorter last
+ * block and other lengths take the same STAT / APPLY with a run-time length. Rows of whole blocks put every
+ * block right after the one before (the tensor is contiguous): they go by groups, first every block's
+ * parameters, then every block's elements, so the processor overlaps the reductions of several blocks (each
+ * a chain of dependent steps) instead of waiting on one before the elements of the next. */
+#define LB_GROUP_BLOCKS 32
+#define LB_FOR_BLOCKS(job, begin, end, PARAM, STAT, APPLY, MODE) \
+    do { \
+        int64_t block_length_ = (job)->geometry.block_length; \
+        if (block_length_ == 16) LB_BLOCKS_OF(job, begin, end, PARAM, STAT, APPLY, MODE, 16); \
+        else if (block_length_ == 32) LB_BLOCKS_OF(job, begin, end, PARAM, STAT, APPLY, MODE, 32); \
+        else LB_BLOCKS_OF(job, begin, end, PARAM, STAT, APPLY, MODE, 0); \
+    } while (0)
+
+#define LB_STAT_APPLY(job, index, x, out, length, PARAM, STAT, APPLY, MODE) \
+    do { \
+        PARAM params_ = STAT(job, index, x, length, MODE); \
+        APPLY(job, params_, x, out, length, MODE); \
+    } while (0)
+
+#define LB_BLOCKS_OF(job, begin, end, PARAM, STAT, APPLY, MODE, LENGTH) \
     do { \
         const block_geometry geometry = (job)->geometry; \
-        int64_t first_index = (begin) / geometry.block_length, last_index = (end) / geometry.block_length; \
-        int64_t row = first_index / geometry.blocks_per_row, column = first_index - row * geometry.blocks_per_row; \
-        for (int64_t index = first_index; index < last_index; index++) { \
-            int64_t start = column * geometry.block_length, length = geometry.row_length - start; \
-            const float *block_x = geometry.x + row * geometry.row_length + start; \
-            float *block_out = geometry.out + row * geometry.row_length + start; \
-            BLOCK(job, index, block_x, block_out, length < geometry.block_length ? length : geometry.block_length, \
-                  MODE); \
-            if (++column == geometry.blocks_per_row) { column = 0; row++; } \
+        const int64_t full = (LENGTH) ? (LENGTH) : geometry.block_length; \
+        int64_t first_index = (begin) / full, last_index = (end) / full; \
+        if (geometry.row_length % full == 0) { \
+            for (int64_t group = first_index; group < last_index; group += LB_GROUP_BLOCKS) { \
+                int64_t count = last_index - group < LB_GROUP_BLOCKS ? last_index - group : LB_GROUP_BLOCKS; \
+                const float *group_x = geometry.x + group * full; \
+                float *group_out = geometry.out + group * full; \
+                PARAM params_[LB_GROUP_BLOCKS]; \
+                for (int64_t item = 0; item < count; item++) \
+                    params_[item] = STAT(job, group + item, group_x + item * full, full, MODE); \
+                for (int64_t item = 0; item < count; item++) \
+                    APPLY(job, params_[item], group_x + item * full, group_out + item * full, full, MODE); \
+            } \
+        } else { \
+            int64_t row = first_index / geometry.blocks_per_row; \
+            int64_t column = first_index - row * geometry.blocks_per_row; \
+            for (int64_t index = first_index; index < last_index; index++) { \
+                int64_t start = column * full, length = geometry.row_length - start; \
+                const float *block_x = geometry.x + row * geometry.row_length + start; \
+                float *block_out = geometry.out + row * geometry.row_length + start; \
+                if (length >= full) LB_STAT_APPLY(job, index, block_x, block_out, full, PARAM, STAT, APPLY, MODE); \
+                else LB_STAT_APPLY(job, index, block_x, block_out, length, PARAM, STAT, APPLY, MODE); \
+                if (++column == geometry.blocks_per_row) { column = 0; row++; } \
+            } \
         } \
     } while (0)
 
@@ -196,11 +253,12 @@ LB_INLINE void grid_block(const float *restrict x, float *restrict out, int64_t 
                               int min_exponent, float limit, int mode) {
     if (mantissa_bits >= 1 && min_exponent - mantissa_bits >= -126) { /* the bit path: every step normal */
         int32_t shift = mantissa_bits << 23, smallest = (min_exponent - mantissa_bits + 127) << 23;
-        for (int64_t k = 0; k < length; k++) out[k] = lb_clamp(grid_round_fast(x[k], shift, smallest, mode), limit);
+        LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++)
+            out[k] = clamp_symmetric(grid_round_fast(x[k], shift, smallest, mode), limit);
     } else {
-        for (int64_t k = 0; k < length; k++) {
+        LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) {
             float step = general_step(x[k], min_exponent, mantissa_bits);
-            out[k] = lb_clamp(lb_round(x[k] / step, mode) * step, limit);
+            out[k] = clamp_symmetric(lb_round(x[k] / step, mode) * step, limit);
         }
     }
 }

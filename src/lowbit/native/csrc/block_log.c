@@ -52,7 +52,7 @@ LB_INLINE void nearest_power_float(const float *restrict x, float *restrict out,
     float smallest = exact_pow2_float(min_exponent);
     float largest = exact_pow2_float(max_exponent > 127 ? 127 : max_exponent);
     float midpoint = exact_pow2_float(min_exponent - 1);
-    for (int64_t k = 0; k < length; k++) {
+    LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) {
         float magnitude = fabsf(x[k]);
         uint32_t bits = lb_bits(magnitude), parity = ((bits >> 23) + parity_offset) & 1u;
         float power = lb_float((parity + bits + (1u << 22) - 1u) & 0x7f800000u);
@@ -67,7 +67,7 @@ LB_INLINE void nearest_power_double(const float *restrict x, float *restrict out
     uint64_t parity_offset = (uint64_t)(min_exponent & 1);
     double smallest = pow2_double(min_exponent), largest = pow2_double(max_exponent > 127 ? 127 : max_exponent);
     double midpoint = pow2_double(min_exponent - 1);
-    for (int64_t k = 0; k < length; k++) {
+    LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) {
         double magnitude = fabs((double)x[k]), power;
         uint64_t bits, parity;
         memcpy(&bits, &magnitude, 8);
@@ -79,10 +79,16 @@ LB_INLINE void nearest_power_double(const float *restrict x, float *restrict out
     }
 }
 
-LB_INLINE void block_log_block(const block_log_job *job, int64_t index, const float *restrict x, float *restrict out,
-                               int64_t length, int mode) {
+/* One block's exponent range and whether its elements take nearest_power_float / _double (finite block,
+ * nearest_even, not log_domain; 2: the float64 one). */
+typedef struct { int min_exponent, max_exponent, nearest; } block_log_params;
+
+LB_INLINE block_log_params block_log_stat(const block_log_job *job, int64_t index, const float *restrict x,
+                                          int64_t length, int mode) {
     (void)index;
-    float amax = finite_abs_max_of(x, length);
+    int32_t largest = abs_max_bits_upto(x, length, 0x7fffffff); /* NaN and inf included */
+    int finite = largest < 0x7f800000;
+    float amax = finite ? lb_float((uint32_t)largest) : finite_abs_max_of(x, length);
     int ceil_log2 = -(1 << 20); /* block_log.ceil_log2: an all-zero block */
     if (amax > 0.0f) {
         uint32_t bits = lb_bits(amax);
@@ -91,19 +97,25 @@ LB_INLINE void block_log_block(const block_log_job *job, int64_t index, const fl
     }
     int bias = job->top_code - ceil_log2;
     bias = bias < 0 ? 0 : (bias > job->max_bias ? job->max_bias : bias);
-    int min_exponent = 1 - bias, max_exponent = job->top_code - bias;
-    if (mode == LB_NEAREST_EVEN && !job->log_domain && abs_max_bits_upto(x, length, 0x7fffffff) < 0x7f800000) { /* finite */
-        if (min_exponent - 1 >= -126) nearest_power_float(x, out, length, min_exponent, max_exponent);
-        else nearest_power_double(x, out, length, min_exponent, max_exponent);
-        return;
-    }
-    for (int64_t k = 0; k < length; k++) out[k] = power_of_two(x[k], min_exponent, max_exponent, job, mode);
+    block_log_params params = {1 - bias, job->top_code - bias, 0};
+    if (mode == LB_NEAREST_EVEN && !job->log_domain && finite) params.nearest = params.min_exponent - 1 >= -126 ? 1 : 2;
+    return params;
 }
 
-#define BLOCK_LOG_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, block_log_block, MODE)
+LB_INLINE void block_log_apply(const block_log_job *job, block_log_params params, const float *restrict x,
+                               float *restrict out, int64_t length, int mode) {
+    int min_exponent = params.min_exponent, max_exponent = params.max_exponent;
+    if (params.nearest == 1) nearest_power_float(x, out, length, min_exponent, max_exponent);
+    else if (params.nearest == 2) nearest_power_double(x, out, length, min_exponent, max_exponent);
+    else
+        LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++)
+            out[k] = power_of_two(x[k], min_exponent, max_exponent, job, mode);
+}
+
+#define BLOCK_LOG_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, block_log_params, block_log_stat, block_log_apply, MODE)
 
 static void block_log_range(const void *context, int64_t begin, int64_t end) {
-    const block_log_job *job = context;
+    const block_log_job local = *(const block_log_job *)context, *job = &local;
     LB_FOR_EACH_MODE(job->mode, BLOCK_LOG_LOOP)
 }
 

@@ -18,7 +18,7 @@ static ocp_element make_element(int mantissa_bits, int min_exponent, float max_v
 }
 
 static inline float round_saturating(float y, ocp_element element, int mode) {
-    return lb_clamp(grid_round_fast(y, element.mantissa_shift, element.smallest_field, mode), element.max_value);
+    return clamp_symmetric(grid_round_fast(y, element.mantissa_shift, element.smallest_field, mode), element.max_value);
 }
 
 /* Without saturation: an overflow goes past max (to inf / NaN) unless the mode stops it at max. */
@@ -102,7 +102,7 @@ LB_INLINE float derived_scale(const float *restrict x, int64_t length, const sca
 LB_INLINE void scaled_elements(const float *restrict x, float *restrict out, int64_t length, float scale,
                                    ocp_element element, ocp_element nearest, int clamp_inf, int mode,
                                    int saturating, int directed) {
-    for (int64_t k = 0; k < length; k++) {
+    LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) {
         float v = x[k], y = v / scale;
         float result = (saturating ? round_saturating(y, element, mode) : round_overflowing(y, element, mode)) * scale;
         if (directed) {
@@ -114,9 +114,14 @@ LB_INLINE void scaled_elements(const float *restrict x, float *restrict out, int
     }
 }
 
-LB_INLINE void scaled_block(const scaled_job *job, int64_t index, const float *x, float *out, int64_t length,
-                                int mode) {
-    float scale = job->scales ? job->scales[index / job->blocks_per_scale] : derived_scale(x, length, job);
+LB_INLINE float scaled_stat(const scaled_job *job, int64_t index, const float *restrict x, int64_t length,
+                            int mode) {
+    (void)mode;
+    return job->scales ? job->scales[index / job->blocks_per_scale] : derived_scale(x, length, job);
+}
+
+LB_INLINE void scaled_apply(const scaled_job *job, float scale, const float *restrict x, float *restrict out,
+                            int64_t length, int mode) {
     int saturating = job->element.saturating, directed = job->directed, clamp_inf = job->clamp_inf;
     ocp_element element = job->element, nearest = job->nearest;
     if (saturating && !directed) scaled_elements(x, out, length, scale, element, nearest, clamp_inf, mode, 1, 0);
@@ -125,10 +130,10 @@ LB_INLINE void scaled_block(const scaled_job *job, int64_t index, const float *x
     else scaled_elements(x, out, length, scale, element, nearest, clamp_inf, mode, 0, 1);
 }
 
-#define SCALED_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, scaled_block, MODE)
+#define SCALED_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, float, scaled_stat, scaled_apply, MODE)
 
 static void scaled_range(const void *context, int64_t begin, int64_t end) {
-    const scaled_job *job = context;
+    const scaled_job local = *(const scaled_job *)context, *job = &local;
     LB_FOR_EACH_MODE(job->mode, SCALED_LOOP)
 }
 

@@ -22,8 +22,10 @@ static int mx_shared_exponent(float amax, const mx_job *job) {
     return shared < -127 ? -127 : (shared > 127 ? 127 : shared);
 }
 
-LB_INLINE void mx_block(const mx_job *job, int64_t index, const float *x, float *out, int64_t length, int mode) {
-    (void)index;
+typedef struct { int min_exponent; float limit; } mx_params; /* one block's grid */
+
+LB_INLINE mx_params mx_stat(const mx_job *job, int64_t index, const float *restrict x, int64_t length, int mode) {
+    (void)index, (void)mode;
     int shared = mx_shared_exponent(finite_abs_max_of(x, length), job);
     int min_exponent = shared + job->element_min_exponent, m = job->mantissa_bits;
     float element_max = job->element_max * pow2_float(shared);
@@ -35,13 +37,19 @@ LB_INLINE void mx_block(const mx_job *job, int64_t index, const float *x, float 
         float top_step = pow2_float((top > min_exponent ? top : min_exponent) - m);
         limit = lb_clamp(floorf(job->dtype_max / top_step) * top_step, element_max);
     }
-    grid_block(x, out, length, m, min_exponent, limit, mode);
+    mx_params params = {min_exponent, limit};
+    return params;
 }
 
-#define MX_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, mx_block, MODE)
+LB_INLINE void mx_apply(const mx_job *job, mx_params params, const float *restrict x, float *restrict out,
+                        int64_t length, int mode) {
+    grid_block(x, out, length, job->mantissa_bits, params.min_exponent, params.limit, mode);
+}
+
+#define MX_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, mx_params, mx_stat, mx_apply, MODE)
 
 static void mx_range(const void *context, int64_t begin, int64_t end) {
-    const mx_job *job = context;
+    const mx_job local = *(const mx_job *)context, *job = &local; /* a copy: no store to out can change it */
     LB_FOR_EACH_MODE(job->mode, MX_LOOP)
 }
 
@@ -60,27 +68,48 @@ typedef struct {
     block_geometry geometry;
     int mantissa_bits, min_exponent, max_exponent, in_float, mode;
     double top_code;
+    float float_top; /* top_code as a float32 (the float32 path's clamp) */
 } block_fp_job;
 
-LB_INLINE void block_fp_block(const block_fp_job *job, int64_t index, const float *restrict x,
-                                  float *restrict out, int64_t length, int mode) {
+/* One block's step 2^p and, where it is a float32, 1 / step (else 0: divide); float64 steps take p alone. */
+typedef struct { float step, inverse; int power; } block_fp_params;
+
+LB_INLINE block_fp_params block_fp_stat(const block_fp_job *job, int64_t index, const float *restrict x,
+                                        int64_t length, int mode) {
     (void)index;
     int exponent = block_exponent(x, length, job->mantissa_bits, mode, job->min_exponent, job->max_exponent);
     int power = exponent - job->mantissa_bits + 1;
+    block_fp_params params = {0.0f, 0.0f, power};
+    if (job->in_float) {
+        params.step = pow2_float(power);
+        /* x / step as x times 1 / step where that is a float32 too: the same correctly rounded quotient */
+        params.inverse = power >= -127 ? pow2_float(-power) : 0.0f;
+    }
+    return params;
+}
+
+LB_INLINE void block_fp_apply(const block_fp_job *job, block_fp_params params, const float *restrict x,
+                              float *restrict out, int64_t length, int mode) {
     if (job->in_float) { /* _float32_blocks */
-        float step = pow2_float(power), top = (float)job->top_code;
-        for (int64_t k = 0; k < length; k++) out[k] = lb_clamp(lb_round(x[k] / step, mode), top) * step;
+        float step = params.step, inverse = params.inverse, top = job->float_top;
+        if (inverse != 0.0f) {
+            LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++)
+                out[k] = clamp_symmetric(lb_round(x[k] * inverse, mode), top) * step;
+        } else {
+            LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++)
+                out[k] = clamp_symmetric(lb_round(x[k] / step, mode), top) * step;
+        }
     } else { /* _quantize_blocks in float64, cast back */
-        double step = pow2_double(power), top = job->top_code;
-        for (int64_t k = 0; k < length; k++)
+        double step = pow2_double(params.power), top = job->top_code;
+        LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++)
             out[k] = (float)(clamp_double(round_double((double)x[k] / step, mode), top) * step);
     }
 }
 
-#define BLOCK_FP_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, block_fp_block, MODE)
+#define BLOCK_FP_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, block_fp_params, block_fp_stat, block_fp_apply, MODE)
 
 static void block_fp_range(const void *context, int64_t begin, int64_t end) {
-    const block_fp_job *job = context;
+    const block_fp_job local = *(const block_fp_job *)context, *job = &local;
     LB_FOR_EACH_MODE(job->mode, BLOCK_FP_LOOP)
 }
 
@@ -90,7 +119,7 @@ void lb_block_fp_f32(const float *x, float *out, int64_t rows, int64_t row_lengt
                      int threads) {
     int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
     block_fp_job job = {{x, out, row_length, block_length, blocks_per_row}, mantissa_bits, min_exponent,
-                        max_exponent, in_float, mode, top_code};
+                        max_exponent, in_float, mode, top_code, (float)top_code};
     run_blocks(&job.geometry, rows, threads, block_fp_range, &job);
 }
 
@@ -104,29 +133,38 @@ LB_INLINE void minifloat_block_double(const float *restrict x, float *restrict o
                                           const block_minifloat_job *job, int mode) {
     int m = job->mantissa_bits, min_exponent = shared - job->binades_below_top;
     double max_value = (2.0 - pow2_double(-m)) * pow2_double(shared);
-    for (int64_t k = 0; k < length; k++) {
+    LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) {
         int exponent = floor_log2_float(x[k]);
         double step = pow2_double((exponent > min_exponent ? exponent : min_exponent) - m);
         out[k] = (float)clamp_double(round_double((double)x[k] / step, mode) * step, max_value);
     }
 }
 
-LB_INLINE void block_minifloat_block(const block_minifloat_job *job, int64_t index, const float *x, float *out,
-                                         int64_t length, int mode) {
+typedef struct { int shared; float limit; } minifloat_params; /* the block's top binade, its max (float32) */
+
+LB_INLINE minifloat_params block_minifloat_stat(const block_minifloat_job *job, int64_t index, const float *restrict x,
+                                                int64_t length, int mode) {
     (void)index;
     int m = job->mantissa_bits;
     int shared = block_exponent(x, length, m + 1, mode, job->min_shared, job->max_shared);
-    if (job->in_float) /* _float32_blocks: max (2 - 2^-M) * 2^t, smallest normal binade t - (2^E - 2) */
-        grid_block(x, out, length, m, shared - job->binades_below_top, (2.0f - pow2_float(-m)) * pow2_float(shared),
-                   mode);
-    else
-        minifloat_block_double(x, out, length, shared, job, mode);
+    minifloat_params params = {shared, 0.0f};
+    if (job->in_float) params.limit = (2.0f - pow2_float(-m)) * pow2_float(shared);
+    return params;
 }
 
-#define BLOCK_MINIFLOAT_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, block_minifloat_block, MODE)
+LB_INLINE void block_minifloat_apply(const block_minifloat_job *job, minifloat_params params, const float *restrict x,
+                                     float *restrict out, int64_t length, int mode) {
+    if (job->in_float) /* _float32_blocks: max (2 - 2^-M) * 2^t, smallest normal binade t - (2^E - 2) */
+        grid_block(x, out, length, job->mantissa_bits, params.shared - job->binades_below_top, params.limit, mode);
+    else
+        minifloat_block_double(x, out, length, params.shared, job, mode);
+}
+
+#define BLOCK_MINIFLOAT_LOOP(MODE) \
+    LB_FOR_BLOCKS(job, begin, end, minifloat_params, block_minifloat_stat, block_minifloat_apply, MODE)
 
 static void block_minifloat_range(const void *context, int64_t begin, int64_t end) {
-    const block_minifloat_job *job = context;
+    const block_minifloat_job local = *(const block_minifloat_job *)context, *job = &local;
     LB_FOR_EACH_MODE(job->mode, BLOCK_MINIFLOAT_LOOP)
 }
 
