@@ -10,7 +10,6 @@
  * is too (with our own depth), so when the float32 rounding of the whole interval of possible quotients is
  * one float, that float is torch's result. Otherwise (rare: the quotient lies next to a float32 midpoint)
  * the caller takes the eager path. */
-#include <float.h>
 #include <stdlib.h>
 #include "common.h"
 
@@ -19,125 +18,148 @@
 enum { SELECT_NOT_NAN, SELECT_POSITIVE, SELECT_ABOVE };
 #define PIECE 65536 /* elements a thread sums alone (more when there are many groups) */
 
-/* Per piece (PIECE elements, one thread) and group: the largest kept magnitude (pass 1), then the count,
- * the smallest selected magnitude and the float64 sum of f32(kept / unit) (pass 2). */
+/* Per piece (PIECE elements, one thread) and group. Pass 1 (SELECT_NOT_NAN or SELECT_POSITIVE): the largest
+ * kept magnitude, the smallest positive one and the count. Pass 2: the float64 sum of f32(kept / unit), and
+ * for SELECT_ABOVE (whose pass 1 is SELECT_NOT_NAN's) its count. Magnitudes are held as their float32 bits:
+ * nonnegative floats order as their bits do, so integer max / min give the float max / min (and vectorise
+ * without fast-math). masked_mean's "all selected equal: the max" rule needs no smallest magnitude here:
+ * then every term is exactly 1 and the certified mean is unit * 1, the max (see certified_mean). */
 typedef struct {
     const float *x;
     int64_t n, groups, inner, pieces, piece;
     int select, pass;
     const float *delta, *unit; /* per group */
-    float *top, *bottom, *least; /* [pieces][groups]; least: the smallest nonzero term */
+    int32_t *top, *positive; /* [pieces][groups], bits */
     int64_t *count;
     double *sum;
 } stats_job;
 
-/* The magnitude a selection keeps, or 0 for an element it leaves out (binary.masked_mean's `kept`):
- * mean_abs keeps every non-NaN (inf as 0), the unipolar scale the finite positives, the ternary scale the
- * finite magnitudes above delta. */
-static inline float stats_kept(float v, int select, float delta, int *selected) {
-    float magnitude = fabsf(v);
+/* Sixteen lanes in GCC vector types (AVX-512: one register; AVX2: two). The lanes' order does not matter:
+ * maxima, minima and counts are exact, and the sum is certified for any order (certified_mean). Compares
+ * give -1 / 0 per lane. A run's last partial vector is padded with NaN, which no selection keeps. */
+typedef float lanes_f __attribute__((vector_size(64)));
+typedef int32_t lanes_i __attribute__((vector_size(64)));
+typedef double half_d __attribute__((vector_size(64)));
+#define LANES 16
+#define NONE 0x7fffffff /* bits above every magnitude: the key of a lane left out of a minimum */
+#define ALWAYS_INLINE static inline __attribute__((always_inline)) /* one copy per selection constant */
+
+/* These static helpers inline; GCC's note that 64-byte vector arguments pass differently without AVX-512
+ * (AVX2-only machines) concerns exported functions only. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+static inline lanes_i lanes_min(lanes_i a, lanes_i b) { lanes_i m = a < b; return (a & m) | (b & ~m); }
+static inline lanes_i lanes_max(lanes_i a, lanes_i b) { lanes_i m = a > b; return (a & m) | (b & ~m); }
+static inline lanes_i lanes_of(int32_t v) { return (lanes_i){0} + v; }
+static inline lanes_i lanes_load(const float *x) { lanes_i v; memcpy(&v, x, sizeof v); return v; }
+
+/* The lanes' max / min / sum: halves folded onto each other, lane 0 holding the result. */
+static inline lanes_i lanes_add(lanes_i a, lanes_i b) { return a + b; }
+#define LANES_FOLD(NAME, OP) \
+    static inline int32_t NAME(lanes_i v) { \
+        v = OP(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7)); \
+        v = OP(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3)); \
+        v = OP(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1)); \
+        v = OP(v, __builtin_shufflevector(v, v, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0)); \
+        return v[0]; \
+    }
+LANES_FOLD(lanes_max_of, lanes_max)
+LANES_FOLD(lanes_min_of, lanes_min)
+LANES_FOLD(lanes_sum_of, lanes_add)
+
+/* The last length < 16 elements of a run, padded with NaN (a call: kept out of the loops' bodies). */
+static lanes_i lanes_load_tail(const float *x, int64_t length) {
+    lanes_i v = lanes_of(0x7fc00000);
+    memcpy(&v, x, (size_t)length * sizeof(float));
+    return v;
+}
+
+/* The bits of the magnitude a selection keeps, 0 for an element it leaves out (binary.masked_mean's `kept`),
+ * and the selection mask: mean_abs keeps every non-NaN (inf as 0), the unipolar scale the finite positives,
+ * the ternary scale the finite magnitudes above delta (the bits of a float >= +0). */
+ALWAYS_INLINE lanes_i lanes_kept(const lanes_i *bits, int select, const lanes_i *delta, lanes_i *selected) {
+    lanes_i raw = *bits, magnitude = raw & 0x7fffffff;
     switch (select) {
-    case SELECT_NOT_NAN: *selected = v == v; return magnitude <= FLT_MAX ? magnitude : 0.0f;
-    case SELECT_POSITIVE: *selected = v > 0.0f && v <= FLT_MAX; return *selected ? v : 0.0f;
-    default: *selected = magnitude > delta && magnitude <= FLT_MAX; return *selected ? magnitude : 0.0f;
+    case SELECT_NOT_NAN: *selected = magnitude <= 0x7f800000; return magnitude & (magnitude < 0x7f800000);
+    case SELECT_POSITIVE: *selected = (raw > 0) & (raw < 0x7f800000); return raw & *selected;
+    default: *selected = (magnitude > *delta) & (magnitude < 0x7f800000); return magnitude & *selected;
     }
 }
 
-#define STATS_TOP(SELECT) \
-    for (; i < length; i++) { \
-        int selected; \
-        float kept = stats_kept(x[i], SELECT, delta, &selected); \
-        high = kept > high ? kept : high; \
-    }
-#define STATS_SUM_ONE(SELECT, k, v) \
-    do { \
-        int selected; \
-        float kept = stats_kept(v, SELECT, delta, &selected), term = kept / unit; \
-        lanes[k] += (double)term; \
-        low[k] = selected && kept < low[k] ? kept : low[k]; \
-        least[k] = term > 0.0f && term < least[k] ? term : least[k]; \
-        counts[k] += selected; \
-    } while (0)
-#define STATS_SUM(SELECT) \
-    for (; i + 8 <= length; i += 8) \
-        for (int k = 0; k < 8; k++) STATS_SUM_ONE(SELECT, k, x[i + k]); \
-    for (; i < length; i++) STATS_SUM_ONE(SELECT, 0, x[i]);
-#define STATS_SELECT(SELECT_BODY) \
-    switch (job->select) { \
-    case SELECT_NOT_NAN: SELECT_BODY(SELECT_NOT_NAN); break; \
-    case SELECT_POSITIVE: SELECT_BODY(SELECT_POSITIVE); break; \
-    default: SELECT_BODY(SELECT_ABOVE); break; \
-    }
+/* Pass 1 over one group's run x[0..length) into the slot s. Four sets of accumulators: a compare and a
+ * blend per max / min take several cycles, which one set would wait for. */
+typedef struct {
+    lanes_i top, positive, count;
+} tops_lanes;
 
-/* Eight lanes at a time with GCC vector types (the lanes' order does not matter: tops, bottoms and counts
- * are exact, and the sum is certified for any order). Masks are -1 / 0 per lane. */
-typedef float stats_f8 __attribute__((vector_size(32)));
-typedef int32_t stats_i8 __attribute__((vector_size(32)));
-typedef double stats_d8 __attribute__((vector_size(64)));
-
-static inline stats_f8 stats_select8(stats_i8 mask, stats_f8 yes, stats_f8 no) {
-    return (stats_f8)(((stats_i8)yes & mask) | ((stats_i8)no & ~mask));
+ALWAYS_INLINE void tops_step(tops_lanes *a, const lanes_i *raw, int select) {
+    lanes_i selected, zero = lanes_of(0), kept = lanes_kept(raw, select, &zero, &selected);
+    a->top = lanes_max(a->top, kept);
+    a->positive = lanes_min(a->positive, kept | ((kept == 0) & NONE));
+    a->count -= selected;
 }
 
-/* stats_kept for eight elements. */
-static inline stats_f8 stats_kept8(stats_f8 v, int select, stats_f8 delta, stats_i8 *selected) {
-    stats_i8 raw = (stats_i8)v, bits = raw & 0x7fffffff, finite = bits < 0x7f800000;
-    switch (select) {
-    case SELECT_NOT_NAN: *selected = bits <= 0x7f800000; return (stats_f8)(bits & finite);
-    case SELECT_POSITIVE: *selected = (raw > 0) & (raw < 0x7f800000); return (stats_f8)(raw & *selected);
-    default: *selected = ((stats_f8)bits > delta) & finite; return (stats_f8)(bits & *selected);
-    }
+ALWAYS_INLINE void tops_merge(tops_lanes *a, const tops_lanes *b) {
+    a->top = lanes_max(a->top, b->top), a->positive = lanes_min(a->positive, b->positive), a->count += b->count;
 }
 
-#define STATS_TOP8(SELECT) \
-    for (; i + 8 <= length; i += 8) { \
-        stats_f8 v; \
-        stats_i8 selected; \
-        memcpy(&v, x + i, sizeof v); \
-        stats_f8 kept = stats_kept8(v, SELECT, delta8, &selected); \
-        high8 = stats_select8(kept > high8, kept, high8); \
-    }
-#define STATS_SUM8(SELECT) \
-    for (; i + 8 <= length; i += 8) { \
-        stats_f8 v; \
-        stats_i8 selected; \
-        memcpy(&v, x + i, sizeof v); \
-        stats_f8 kept = stats_kept8(v, SELECT, delta8, &selected), term = kept / unit8; \
-        sum8 += __builtin_convertvector(term, stats_d8); \
-        low8 = stats_select8(selected & (kept < low8), kept, low8); \
-        least8 = stats_select8((term > 0.0f) & (term < least8), term, least8); \
-        count8 -= selected; \
-    }
-
-/* One group's run x[0..length) into the slot s. */
-static void stats_run(const stats_job *job, const float *x, int64_t length, int64_t group, int64_t s) {
-    float delta = job->delta[group];
-    stats_f8 delta8 = {delta, delta, delta, delta, delta, delta, delta, delta};
+ALWAYS_INLINE void stats_run_tops(const stats_job *job, int select, const float *x, int64_t length, int64_t s) {
+    tops_lanes a[4];
+    for (int k = 0; k < 4; k++) a[k] = (tops_lanes){lanes_of(0), lanes_of(NONE), lanes_of(0)};
     int64_t i = 0;
-    if (job->pass == 1) {
-        stats_f8 high8 = {0, 0, 0, 0, 0, 0, 0, 0};
-        STATS_SELECT(STATS_TOP8)
-        float high = job->top[s];
-        for (int k = 0; k < 8; k++) high = high8[k] > high ? high8[k] : high;
-        STATS_SELECT(STATS_TOP)
-        job->top[s] = high;
-        return;
+    for (; i + 4 * LANES <= length; i += 4 * LANES)
+        for (int k = 0; k < 4; k++) {
+            lanes_i raw = lanes_load(x + i + k * LANES);
+            tops_step(&a[k], &raw, select);
+        }
+    for (; i < length; i += LANES) {
+        lanes_i raw = length - i >= LANES ? lanes_load(x + i) : lanes_load_tail(x + i, length - i);
+        tops_step(&a[0], &raw, select);
     }
-    float unit = job->unit[group], low[8], least[8];
-    stats_f8 unit8 = {unit, unit, unit, unit, unit, unit, unit, unit}, low8, least8;
-    stats_d8 sum8 = {0, 0, 0, 0, 0, 0, 0, 0};
-    stats_i8 count8 = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int k = 0; k < 8; k++) low8[k] = least8[k] = INFINITY;
-    STATS_SELECT(STATS_SUM8)
-    double lanes[8];
-    int64_t counts[8];
-    for (int k = 0; k < 8; k++) lanes[k] = sum8[k], counts[k] = count8[k], low[k] = low8[k], least[k] = least8[k];
-    STATS_SELECT(STATS_SUM)
-    job->sum[s] += ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-    for (int k = 0; k < 8; k++) {
-        job->count[s] += counts[k];
-        job->bottom[s] = low[k] < job->bottom[s] ? low[k] : job->bottom[s];
-        job->least[s] = least[k] < job->least[s] ? least[k] : job->least[s];
+    tops_merge(&a[0], &a[1]), tops_merge(&a[2], &a[3]), tops_merge(&a[0], &a[2]);
+    int32_t top = lanes_max_of(a[0].top), positive = lanes_min_of(a[0].positive);
+    job->top[s] = top > job->top[s] ? top : job->top[s];
+    job->positive[s] = positive < job->positive[s] ? positive : job->positive[s];
+    job->count[s] += lanes_sum_of(a[0].count);
+}
+
+static inline half_d lanes_low(lanes_f v) { return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), half_d); }
+static inline half_d lanes_high(lanes_f v) { return __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), half_d); }
+
+/* Pass 2 over one group's run: the terms f32(kept / unit) (a float32 division, as eager's) into four
+ * float64 accumulators; the divisions bound the speed. */
+ALWAYS_INLINE void stats_run_sums(const stats_job *job, int select, const float *x, int64_t length, int64_t group,
+                                  int64_t s) {
+    lanes_i delta = lanes_of((int32_t)lb_bits(job->delta[group])), count = lanes_of(0);
+    lanes_f unit = (lanes_f){0} + job->unit[group];
+    half_d sum0 = {0}, sum1 = {0}, sum2 = {0}, sum3 = {0};
+    int64_t i = 0;
+    for (; i + 2 * LANES <= length; i += 2 * LANES) {
+        lanes_i selected0, selected1, raw0 = lanes_load(x + i), raw1 = lanes_load(x + i + LANES);
+        lanes_i kept0 = lanes_kept(&raw0, select, &delta, &selected0), kept1 = lanes_kept(&raw1, select, &delta, &selected1);
+        lanes_f term0 = (lanes_f)kept0 / unit, term1 = (lanes_f)kept1 / unit;
+        sum0 += lanes_low(term0), sum1 += lanes_high(term0), sum2 += lanes_low(term1), sum3 += lanes_high(term1);
+        count -= selected0 + selected1;
+    }
+    for (; i < length; i += LANES) {
+        lanes_i selected, raw = length - i >= LANES ? lanes_load(x + i) : lanes_load_tail(x + i, length - i);
+        lanes_f term = (lanes_f)lanes_kept(&raw, select, &delta, &selected) / unit;
+        sum0 += lanes_low(term), sum1 += lanes_high(term);
+        count -= selected;
+    }
+    half_d total = (sum0 + sum1) + (sum2 + sum3);
+    job->sum[s] += ((total[0] + total[1]) + (total[2] + total[3])) + ((total[4] + total[5]) + (total[6] + total[7]));
+    if (select == SELECT_ABOVE) job->count[s] += lanes_sum_of(count);
+}
+
+/* One group's run x[0..length) into the slot s (each selection a constant in its copy of the loops). */
+static void stats_run(const stats_job *job, const float *x, int64_t length, int64_t group, int64_t s) {
+    switch (job->pass * 4 + job->select) {
+    case 4 + SELECT_NOT_NAN: stats_run_tops(job, SELECT_NOT_NAN, x, length, s); break;
+    case 4 + SELECT_POSITIVE: stats_run_tops(job, SELECT_POSITIVE, x, length, s); break;
+    case 8 + SELECT_NOT_NAN: stats_run_sums(job, SELECT_NOT_NAN, x, length, group, s); break;
+    case 8 + SELECT_POSITIVE: stats_run_sums(job, SELECT_POSITIVE, x, length, group, s); break;
+    default: stats_run_sums(job, SELECT_ABOVE, x, length, group, s); break;
     }
 }
 
@@ -158,39 +180,51 @@ static void stats_range(const void *context, int64_t begin, int64_t end) {
 typedef struct {
     stats_job job;
     void *memory;
+    int64_t *count; /* per group, pass 1's */
+    float *positive;
 } group_stats;
 
 static int stats_open(group_stats *stats, const float *x, int64_t outer, int64_t groups, int64_t inner) {
     int64_t n = outer * groups * inner, piece = PIECE, pieces = (n + piece - 1) / piece;
     while (pieces * groups > (1 << 20)) piece *= 2, pieces = (n + piece - 1) / piece;
     int64_t slots = pieces * groups;
-    size_t bytes = (size_t)slots * (3 * sizeof(float) + sizeof(int64_t) + sizeof(double)) + 2 * (size_t)groups * sizeof(float);
+    size_t bytes = (size_t)(slots + groups) * (sizeof(double) + sizeof(int64_t) + 2 * sizeof(int32_t));
     char *memory = malloc(bytes);
     if (!memory) return 0;
     stats_job *job = &stats->job;
     stats->memory = memory;
     job->x = x, job->n = n, job->groups = groups, job->inner = inner, job->pieces = pieces, job->piece = piece;
     job->sum = (double *)memory;
-    job->count = (int64_t *)(job->sum + slots);
-    job->top = (float *)(job->count + slots);
-    job->bottom = job->top + slots;
-    job->least = job->bottom + slots;
+    job->count = (int64_t *)(job->sum + slots + groups);
+    stats->count = job->count + slots;
+    job->top = (int32_t *)(stats->count + groups);
+    job->positive = job->top + slots;
+    stats->positive = (float *)(job->positive + slots);
     return 1;
 }
 
-/* Pass 1 over the selection: unit[g] = the group's largest kept magnitude, or 1 where it is 0; the largest
- * itself into top[g] (each array: one float per group). */
-static void stats_tops(group_stats *stats, int select, const float *delta, float *top, float *unit, int threads) {
+/* Pass 1 over the selection (SELECT_NOT_NAN or SELECT_POSITIVE): unit[g] = the group's largest kept
+ * magnitude, or 1 where it is 0; the largest itself into top[g] (each array: one float per group); the count
+ * and the smallest positive kept magnitude kept in `stats` for stats_means. */
+static void stats_tops(group_stats *stats, int select, float *top, float *unit, int threads) {
     stats_job *job = &stats->job;
     int64_t slots = job->pieces * job->groups;
-    for (int64_t s = 0; s < slots; s++) job->top[s] = 0.0f;
-    job->select = select, job->pass = 1, job->delta = delta;
+    for (int64_t s = 0; s < slots; s++) job->top[s] = 0, job->positive[s] = NONE, job->count[s] = 0;
+    job->select = select, job->pass = 1;
     lb_parallel(job->n, job->piece, threads, stats_range, job);
     for (int64_t g = 0; g < job->groups; g++) {
-        float high = 0.0f;
-        for (int64_t p = 0; p < job->pieces; p++) high = job->top[p * job->groups + g] > high ? job->top[p * job->groups + g] : high;
-        top[g] = high;
-        unit[g] = high > 0.0f ? high : 1.0f;
+        int32_t high = 0, positive = NONE;
+        int64_t count = 0;
+        for (int64_t p = 0; p < job->pieces; p++) {
+            int64_t s = p * job->groups + g;
+            high = job->top[s] > high ? job->top[s] : high;
+            positive = job->positive[s] < positive ? job->positive[s] : positive;
+            count += job->count[s];
+        }
+        top[g] = lb_float((uint32_t)high);
+        unit[g] = high > 0 ? top[g] : 1.0f;
+        stats->count[g] = count;
+        stats->positive[g] = positive == NONE ? INFINITY : lb_float((uint32_t)positive);
     }
 }
 
@@ -212,27 +246,26 @@ static int certified_mean(double sum, int64_t count, int64_t depth, float least,
 /* Pass 2: mean[g] = binary.masked_mean of the selection, from the groups' tops and units of pass 1 (for
  * SELECT_ABOVE those of SELECT_NOT_NAN: the same wherever something is above delta). 0 when a mean is not
  * certain, or is 0 over a nonempty selection (eager paths then differ in the sign of zeros). */
-static int stats_means(group_stats *stats, int select, const float *delta, const float *top, const float *unit,
-                       float *mean, int zero_ok, int threads) {
+static int stats_means(group_stats *stats, int select, const float *delta, const float *unit, float *mean,
+                       int zero_ok, int threads) {
     stats_job *job = &stats->job;
     int64_t slots = job->pieces * job->groups;
-    for (int64_t s = 0; s < slots; s++) job->sum[s] = 0.0, job->count[s] = 0, job->bottom[s] = job->least[s] = INFINITY;
+    for (int64_t s = 0; s < slots; s++) job->sum[s] = 0.0, job->count[s] = 0;
     job->select = select, job->pass = 2, job->delta = delta, job->unit = unit;
     lb_parallel(job->n, job->piece, threads, stats_range, job);
     int64_t depth = (job->n < job->piece ? job->n : job->piece) + job->pieces;
     for (int64_t g = 0; g < job->groups; g++) {
         double total = 0.0;
-        int64_t count = 0;
-        float bottom = INFINITY, least = INFINITY;
+        int64_t count = select == SELECT_ABOVE ? 0 : stats->count[g];
         for (int64_t p = 0; p < job->pieces; p++) {
-            int64_t s = p * job->groups + g;
-            total += job->sum[s], count += job->count[s];
-            bottom = job->bottom[s] < bottom ? job->bottom[s] : bottom;
-            least = job->least[s] < least ? job->least[s] : least;
+            total += job->sum[p * job->groups + g];
+            count += select == SELECT_ABOVE ? job->count[p * job->groups + g] : 0;
         }
-        float high = count > 0 ? top[g] : 0.0f;
+        /* a lower bound of the positive terms (division by unit > 0 is monotone): the smallest positive kept
+         * magnitude's, or for SELECT_ABOVE delta's (every kept one is above it); 0 where it underflows, whose
+         * quantum below is float32's smallest, of which every float is a multiple */
+        float least = (select == SELECT_ABOVE ? delta[g] : stats->positive[g]) / unit[g];
         if (count == 0) mean[g] = 0.0f;
-        else if (high == bottom) mean[g] = high;
         else if (!certified_mean(total, count, depth, least, unit[g], &mean[g])) return 0;
         if (!zero_ok && count > 0 && mean[g] == 0.0f) return 0;
     }
@@ -366,15 +399,15 @@ int lb_ternary_f32(const float *x, float *out, int64_t outer, int64_t groups, in
     if (fixed) {
         for (int64_t g = 0; g < groups; g++) delta[g] = threshold;
     } else {
-        stats_tops(&stats, SELECT_NOT_NAN, delta, top, unit, threads), have_tops = 1;
-        ok = stats_means(&stats, SELECT_NOT_NAN, delta, top, unit, mean, 1, threads);
+        stats_tops(&stats, SELECT_NOT_NAN, top, unit, threads), have_tops = 1;
+        ok = stats_means(&stats, SELECT_NOT_NAN, delta, unit, mean, 1, threads);
         for (int64_t g = 0; g < groups; g++) delta[g] = 0.75f * mean[g];
     }
     if (ok && alpha) {
         for (int64_t g = 0; g < groups; g++) value[g] = alpha[g];
     } else if (ok && scaled) {
-        if (!have_tops) stats_tops(&stats, SELECT_NOT_NAN, delta, top, unit, threads);
-        ok = stats_means(&stats, SELECT_ABOVE, delta, top, unit, value, 0, threads);
+        if (!have_tops) stats_tops(&stats, SELECT_NOT_NAN, top, unit, threads);
+        ok = stats_means(&stats, SELECT_ABOVE, delta, unit, value, 0, threads);
     } else {
         for (int64_t g = 0; g < groups; g++) value[g] = 1.0f;
     }
@@ -395,8 +428,8 @@ int lb_binary_f32(const float *x, float *out, int64_t outer, int64_t groups, int
     if (alpha) {
         for (int64_t g = 0; g < groups; g++) value[g] = alpha[g];
     } else if (scaled) {
-        stats_tops(&stats, select, value, top, unit, threads);
-        ok = stats_means(&stats, select, value, top, unit, value, 1, threads);
+        stats_tops(&stats, select, top, unit, threads);
+        ok = stats_means(&stats, select, value, unit, value, 1, threads);
     } else {
         for (int64_t g = 0; g < groups; g++) value[g] = 1.0f;
     }
