@@ -128,3 +128,43 @@ def test_contiguous_runs():
     assert runs_of((4, 100), (32,)) == runs_of((4, 100), (32,)) == (4, 100, 32)  # remembered: the same answer
     assert runs_of((4, 100), [1, 32]) == (4, 100, 32)  # an unhashable block_size is computed each time
     assert runs_of((6, 8), None, 0) == (1, 48, 8)  # per channel on the first dimension: a block per row
+
+
+def layer_like(columns: int) -> torch.Tensor:
+    """7 rows of ``columns`` values, block after block of 16 one binade apart from 2^-150 to 2^127 (tiny,
+    subnormal and huge blocks), with blocks of ties (multiples of 1/16), an all-zero and a -0.0 block, and
+    NaN, +-inf and an all-inf block: whole blocks of 16 and 32 back to back, groups of blocks across rows."""
+    generator = torch.Generator().manual_seed(12)
+    x = torch.randn(7, columns, generator=generator)
+    blocks = x.view(-1)[: x.numel() // 16 * 16].view(-1, 16)
+    blocks.mul_(torch.pow(2.0, torch.arange(len(blocks), dtype=torch.float64) * 277 / len(blocks) - 150)
+                .clamp(max=2.0**126).to(torch.float32)[:, None])  # fmt: skip
+    blocks[3] = torch.randint(-64, 64, (16,), generator=generator) / 16.0
+    blocks[4], blocks[5], blocks[6] = 0.0, -0.0, float("inf")
+    blocks[7, 3], blocks[8, 0], blocks[9, 15], blocks[40, 7] = float("nan"), float("inf"), -float("inf"), float("nan")
+    blocks[41] = torch.randint(-64, 64, (16,), generator=generator) * 2.0**-140  # subnormal ties
+    return x
+
+
+LAYER_FORMATS = [
+    ("block_fp", {"width": 8, "exponent_width": 8, "exponent_bias": 127, "block_size": [1, 16]}),
+    ("block_fp", {"width": 2, "block_size": [1, 32]}), ("block_fp", {"width": 24, "block_size": [1, 16]}),
+    ("block_fp", {"width": 25, "exponent_width": 9, "exponent_bias": 200, "block_size": [1, 32]}),
+    ("block_minifloat", {"width": 8, "exponent_width": 4, "exponent_bias_width": 4, "block_size": [1, 16]}),
+    ("block_minifloat", {"width": 6, "exponent_width": 3, "exponent_bias_width": 8, "block_size": [1, 32]}),
+    ("block_log", {"width": 8, "exponent_bias_width": 4, "block_size": [1, 16]}),
+    ("block_log", {"width": 5, "exponent_bias_width": 8, "block_size": [1, 32], "log_domain": True}),
+    ("mxint8", {}), ("mxfp8_e4m3", {}), ("mxfp4_e2m1", {}), ("mxfp6_e3m2", {"block_size": 16}),
+    ("e2m1", {"block_size": [1, 32]}), ("e4m3", {"block_size": [1, 16], "saturate": False}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("columns", [320, 336, 330], ids=["whole-blocks", "a-half-block-of-32", "row-tails"])
+@pytest.mark.parametrize(("name", "params"), LAYER_FORMATS, ids=str)
+def test_blocks_of_16_and_32_in_every_mode(name, params, columns):
+    x = layer_like(columns)
+    for mode in DETERMINISTIC:
+        spec = lowbit.get_format(name)(**params, rounding=mode)
+        got = spec._native(x, torch.float32)
+        assert got is not None, (name, params, mode)
+        assert_bits_equal(got, spec._quantize_for(x, None, torch.float32))
