@@ -79,23 +79,25 @@ LB_INLINE float derived_scale(const float *restrict x, int64_t length, const sca
     else ex.high = finite_abs_max_of(x, length);
     float element_max = job->element.max_value;
     float amax = fabsf(ex.high > -ex.low ? ex.high : -ex.low);
-    float scale = amax / element_max;
-    if (!(isfinite(scale) && scale >= LB_FLOAT32_TINY)) scale = LB_FLOAT32_TINY;
-    float larger = next_up(scale);
-    if (scale * element_max < amax && isfinite(larger)) scale = larger;
-    float smaller = next_down(scale);
-    if (smaller * element_max >= amax && smaller >= LB_FLOAT32_TINY) scale = smaller;
+    /* the steps on the scale's bit pattern (positive: a neighbour is one bit pattern away), with conditions
+     * joined by & and no branch: they go either way from block to block */
+    float quotient = amax / element_max;
+    uint32_t tiny = lb_bits(LB_FLOAT32_TINY);
+    uint32_t bits = isfinite(quotient) & (quotient >= LB_FLOAT32_TINY) ? lb_bits(quotient) : tiny;
+    bits += (lb_float(bits) * element_max < amax) & (bits + 1 < 0x7f800000u);    /* next up, if finite */
+    bits -= (lb_float(bits - 1) * element_max >= amax) & (bits - 1 >= tiny); /* next down, if normal */
+    float scale = lb_float(bits);
     if (!job->inward) return scale;
-    smaller = next_down(scale);
-    int usable = smaller >= LB_FLOAT32_TINY && scale * element_max != amax;
+    float smaller = next_down(scale);
+    int usable = (smaller >= LB_FLOAT32_TINY) & (scale * element_max != amax);
     int inward = 1;
     if (job->mode != LB_TOWARD_ZERO) {
         int positive = ex.high >= -ex.low;
         int rounded_inward = job->mode == LB_DOWN ? positive : !positive;
         float other = positive ? -ex.low : ex.high;
-        inward = rounded_inward && other <= smaller * element_max;
+        inward = rounded_inward & (other <= smaller * element_max);
     }
-    return usable && inward ? smaller : scale;
+    return usable & inward ? smaller : scale;
 }
 
 /* One block's elements; SATURATING and DIRECTED are constants in each copy (the loops vectorise). */
@@ -109,7 +111,8 @@ LB_INLINE void scaled_elements(const float *restrict x, float *restrict out, int
             float on_grid = round_saturating(y, nearest, LB_NEAREST_EVEN) * scale;
             result = on_grid == v ? on_grid : result;
         }
-        if (clamp_inf) result = isinf(result) & isfinite(v) ? lb_clamp(result, LB_FLOAT32_MAX) : result;
+        /* an inf from a finite v becomes +-max (the clamp leaves finite values and NaN as they are) */
+        if (clamp_inf) result = isfinite(v) ? clamp_symmetric(result, LB_FLOAT32_MAX) : result;
         out[k] = result;
     }
 }
