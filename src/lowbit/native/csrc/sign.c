@@ -152,14 +152,60 @@ ALWAYS_INLINE void stats_run_sums(const stats_job *job, int select, const float 
     if (select == SELECT_ABOVE) job->count[s] += lanes_sum_of(count);
 }
 
-/* One group's run x[0..length) into the slot s (each selection a constant in its copy of the loops). */
-static void stats_run(const stats_job *job, const float *x, int64_t length, int64_t group, int64_t s) {
-    switch (job->pass * 4 + job->select) {
-    case 4 + SELECT_NOT_NAN: stats_run_tops(job, SELECT_NOT_NAN, x, length, s); break;
-    case 4 + SELECT_POSITIVE: stats_run_tops(job, SELECT_POSITIVE, x, length, s); break;
-    case 8 + SELECT_NOT_NAN: stats_run_sums(job, SELECT_NOT_NAN, x, length, group, s); break;
-    case 8 + SELECT_POSITIVE: stats_run_sums(job, SELECT_POSITIVE, x, length, group, s); break;
-    default: stats_run_sums(job, SELECT_ABOVE, x, length, group, s); break;
+/* Groups of stride 1 (inner == 1: per channel on the last axis): x[0..length) holds one element of each of
+ * the groups from `group` on, whose slots start at s; element k updates slot s + k (plain loops over the
+ * slots, which GCC vectorises). */
+ALWAYS_INLINE int32_t element_kept(int32_t raw, int select, int32_t delta, int32_t *selected) {
+    int32_t magnitude = raw & 0x7fffffff;
+    switch (select) {
+    case SELECT_NOT_NAN: *selected = magnitude <= 0x7f800000; return magnitude < 0x7f800000 ? magnitude : 0;
+    case SELECT_POSITIVE: *selected = (raw > 0) & (raw < 0x7f800000); return *selected ? raw : 0;
+    default: *selected = (magnitude > delta) & (magnitude < 0x7f800000); return *selected ? magnitude : 0;
+    }
+}
+
+ALWAYS_INLINE void stats_row_tops(const stats_job *job, int select, const float *x, int64_t length, int64_t s) {
+    int32_t *restrict top = job->top + s, *restrict positive = job->positive + s;
+    int64_t *restrict count = job->count + s;
+    for (int64_t k = 0; k < length; k++) {
+        int32_t raw, selected, kept;
+        memcpy(&raw, x + k, sizeof raw);
+        kept = element_kept(raw, select, 0, &selected);
+        int32_t key = kept > 0 ? kept : NONE;
+        top[k] = kept > top[k] ? kept : top[k];
+        positive[k] = key < positive[k] ? key : positive[k];
+        count[k] += selected;
+    }
+}
+
+ALWAYS_INLINE void stats_row_sums(const stats_job *job, int select, const float *x, int64_t length, int64_t group,
+                                  int64_t s) {
+    const float *restrict unit = job->unit + group, *restrict delta = job->delta + group;
+    double *restrict sum = job->sum + s;
+    int64_t *restrict count = job->count + s;
+    for (int64_t k = 0; k < length; k++) {
+        int32_t raw, selected, kept;
+        memcpy(&raw, x + k, sizeof raw);
+        kept = element_kept(raw, select, (int32_t)lb_bits(delta[k]), &selected);
+        sum[k] += (double)(lb_float((uint32_t)kept) / unit[k]);
+        if (select == SELECT_ABOVE) count[k] += selected;
+    }
+}
+
+/* One group's run x[0..length) into the slot s, or with `row` one element of each group from `group` on (each
+ * selection a constant in its copy of the loops). */
+static void stats_run(const stats_job *job, const float *x, int64_t length, int64_t group, int64_t s, int row) {
+    switch (job->pass * 8 + row * 4 + job->select) {
+    case 8 + SELECT_NOT_NAN: stats_run_tops(job, SELECT_NOT_NAN, x, length, s); break;
+    case 8 + SELECT_POSITIVE: stats_run_tops(job, SELECT_POSITIVE, x, length, s); break;
+    case 12 + SELECT_NOT_NAN: stats_row_tops(job, SELECT_NOT_NAN, x, length, s); break;
+    case 12 + SELECT_POSITIVE: stats_row_tops(job, SELECT_POSITIVE, x, length, s); break;
+    case 16 + SELECT_NOT_NAN: stats_run_sums(job, SELECT_NOT_NAN, x, length, group, s); break;
+    case 16 + SELECT_POSITIVE: stats_run_sums(job, SELECT_POSITIVE, x, length, group, s); break;
+    case 16 + SELECT_ABOVE: stats_run_sums(job, SELECT_ABOVE, x, length, group, s); break;
+    case 20 + SELECT_NOT_NAN: stats_row_sums(job, SELECT_NOT_NAN, x, length, group, s); break;
+    case 20 + SELECT_POSITIVE: stats_row_sums(job, SELECT_POSITIVE, x, length, group, s); break;
+    default: stats_row_sums(job, SELECT_ABOVE, x, length, group, s); break;
     }
 }
 
@@ -169,9 +215,10 @@ static void stats_range(const void *context, int64_t begin, int64_t end) {
         int64_t stop = start + job->piece < end ? start + job->piece : end, slot = (start / job->piece) * job->groups;
         for (int64_t i = start; i < stop;) {
             int64_t group = (i / job->inner) % job->groups, run_end = stop;
-            if (job->groups > 1) run_end = job->inner > 1 ? (i / job->inner + 1) * job->inner : i + 1;
+            int row = job->groups > 1 && job->inner == 1;
+            if (job->groups > 1) run_end = row ? i - group + job->groups : (i / job->inner + 1) * job->inner;
             run_end = run_end < stop ? run_end : stop;
-            stats_run(job, job->x + i, run_end - i, group, slot + group);
+            stats_run(job, job->x + i, run_end - i, group, slot + group, row);
             i = run_end;
         }
     }
@@ -343,34 +390,40 @@ typedef struct {
     const float *x;
     float *out;
     int points;
-    float midpoints[RESIDUAL_MAX_POINTS], values[RESIDUAL_MAX_POINTS + 1];
-    int above[RESIDUAL_MAX_POINTS];
+    float thresholds[RESIDUAL_MAX_POINTS], values[RESIDUAL_MAX_POINTS + 1];
 } residual_job;
 
-/* The index of the nearest value = the number of exact midpoints <= x (a rounded midpoint whose exact one
- * lies above it counts only when x is past it). */
+/* The nearest value: values[the number of exact midpoints <= x]. A rounded midpoint m whose exact one lies
+ * above it counts only when x > m, i.e. x >= the next float32 above m (the thresholds below). The exact
+ * midpoints ascend, so x >= threshold p holds for p = 0 .. index - 1 and fails after: picking values[p + 1]
+ * wherever it holds, point by point, leaves values[index] (selects on sixteen lanes, no table lookup). NaN
+ * passes no threshold, and is put back at the end. */
+ALWAYS_INLINE void residual_lanes(const residual_job *job, int points, int64_t begin, int64_t end) {
+    lanes_f thresholds[RESIDUAL_MAX_POINTS], values[RESIDUAL_MAX_POINTS + 1];
+    for (int p = 0; p < points; p++) thresholds[p] = (lanes_f){0} + job->thresholds[p];
+    for (int p = 0; p <= points; p++) values[p] = (lanes_f){0} + job->values[p];
+    for (int64_t i = begin; i < end; i += LANES) {
+        lanes_f v, result = values[0];
+        int64_t length = end - i < LANES ? end - i : LANES;
+        if (length == LANES) memcpy(&v, job->x + i, sizeof v);
+        else v = (lanes_f)lanes_load_tail(job->x + i, length);
+        for (int p = 0; p < points; p++) {
+            lanes_i past = v >= thresholds[p];
+            result = (lanes_f)(((lanes_i)values[p + 1] & past) | ((lanes_i)result & ~past));
+        }
+        lanes_i nan = v != v;
+        result = (lanes_f)(((lanes_i)v & nan) | ((lanes_i)result & ~nan));
+        if (length == LANES) memcpy(job->out + i, &result, sizeof result);
+        else memcpy(job->out + i, &result, (size_t)length * sizeof(float));
+    }
+}
+
 static void residual_range(const void *context, int64_t begin, int64_t end) {
     const residual_job *job = context;
-    enum { CHUNK = 512 };
-    int32_t index[CHUNK];
-    float values[RESIDUAL_MAX_POINTS + 1];
-    memcpy(values, job->values, sizeof values);
-    for (int64_t start = begin; start < end; start += CHUNK) {
-        int64_t length = end - start < CHUNK ? end - start : CHUNK;
-        const float *x = job->x + start;
-        float *out = job->out + start;
-        for (int64_t i = 0; i < length; i++) index[i] = 0;
-        for (int p = 0; p < job->points; p++) { /* one midpoint over the chunk: vectorises */
-            float midpoint = job->midpoints[p];
-            if (job->above[p])
-                for (int64_t i = 0; i < length; i++) index[i] += x[i] > midpoint;
-            else
-                for (int64_t i = 0; i < length; i++) index[i] += x[i] >= midpoint;
-        }
-        for (int64_t i = 0; i < length; i++) {
-            float value = values[index[i]]; /* read for every lane, NaN's too (its index is in range) */
-            out[i] = x[i] != x[i] ? x[i] : value;
-        }
+    switch (job->points) { /* the common grids with a constant count (levels 1 and 2: 1 and 3 points) */
+    case 1: residual_lanes(job, 1, begin, end); break;
+    case 3: residual_lanes(job, 3, begin, end); break;
+    default: residual_lanes(job, job->points, begin, end); break;
     }
 }
 
@@ -379,7 +432,11 @@ void lb_residual_f32(const float *x, float *out, int64_t n, int points, const fl
                      const int *above, const float *values, int threads) {
     residual_job job;
     job.x = x, job.out = out, job.points = points;
-    for (int p = 0; p < points; p++) job.midpoints[p] = midpoints[p], job.above[p] = above[p];
+    for (int p = 0; p < points; p++) { /* the next float32 up where the exact midpoint lies above (m finite) */
+        uint32_t bits = lb_bits(midpoints[p]);
+        if (above[p]) bits = bits == 0x80000000u ? 1u : (bits >> 31 ? bits - 1 : bits + 1);
+        job.thresholds[p] = lb_float(bits);
+    }
     for (int p = 0; p <= points; p++) job.values[p] = values[p];
     lb_parallel(n, 16, threads, residual_range, &job);
 }
