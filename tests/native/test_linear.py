@@ -9,7 +9,7 @@ import torch
 
 from lowbit import backend
 from lowbit.errors import ConfigError
-from lowbit.native import build, linear
+from lowbit.native import build, kernels, linear
 from lowbit.ops import Int8WeightOnlyLinear, routes
 
 needs_compiler = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
@@ -27,12 +27,14 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 @needs_compiler
 @pytest.mark.parametrize("rows,inner,outer", [(1, 64, 48), (5, 37, 19), (16, 1024, 64), (64, 200, 130), (300, 96, 40)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_native_kernel_is_within_float32_rounding_of_the_reference(rows, inner, outer, bias):
+@pytest.mark.parametrize("threaded", [False, True])
+def test_native_kernel_is_within_float32_rounding_of_the_reference(rows, inner, outer, bias, threaded):
     assert build.ensure() is not None, build.error()
     layer = module(inner, outer, bias)
     x = torch.randn(rows, inner) * 3
     exact = x.double() @ layer.dequantized_weight().double().t() + (layer.bias.double() if bias else 0)
-    got = linear.int8_linear(x, layer.weight_codes, layer.weight_scale, layer.bias)
+    with kernels.threads_from(1 << 8 if threaded else 0):  # threaded: column chunks of any parity
+        got = linear.int8_linear(x, layer.weight_codes, layer.weight_scale, layer.bias)
     assert got is not None and got.dtype == torch.float32 and got.shape == (rows, outer)
     # float32 sums of `inner` products: a few ulps of the largest partial sum per step
     assert relative_error(got, exact) < 4 * inner * 2.0**-24
@@ -90,11 +92,13 @@ def test_native_int4_kernel_is_within_float32_rounding_of_the_reference(group, s
 
     assert build.ensure() is not None
     torch.manual_seed(1)
-    layer = Int4WeightOnlyLinear.from_float(torch.nn.Linear(256, 48, bias=bias), group_size=group, scale_dtype=scale_dtype)
-    x = torch.randn(12, 256)
+    layer = Int4WeightOnlyLinear.from_float(torch.nn.Linear(256, 47, bias=bias), group_size=group, scale_dtype=scale_dtype)
+    x = torch.randn(13, 256)  # a row tail after tiles of 4, an odd column after pairs
     exact = x.double() @ layer.dequantized_weight().double().t() + (layer.bias.double() if bias else 0)
     layer.path = "native"
     got = layer(x)
+    with kernels.threads_from(1 << 8):
+        assert torch.equal(layer(x), got)  # column chunks on several threads: the same sums
     assert relative_error(got, exact) < 4 * 256 * 2.0**-24
     try:
         backend.set_backend("auto")

@@ -1,7 +1,8 @@
 """Native int8 weight-only Linear in float32 (csrc/linear.c): x @ (codes * scale)^T + bias without
 rebuilding the float weight, each weight row widened once and dotted with every input row (16-lane float32
-partial sums). Not bit-identical to a float32 matmul of the dequantized weight (another summation order, and
-the scale applied to the sum), but float32 arithmetic throughout: relative error ~1e-7 to the float64 sum."""
+partial sums with fused multiply-adds, four input rows by two weight rows at a time). Not bit-identical to a
+float32 matmul of the dequantized weight (another summation order, and the scale applied to the sum), but
+float32 arithmetic throughout: relative error ~1e-7 to the float64 sum."""
 
 from __future__ import annotations
 

@@ -4,11 +4,24 @@
  * compare within float32 rounding bounds).
  * - int8: out = (x . codes[n]) * scale[n] + bias[n] (per-channel scale applied to the sum);
  * - int4: two codes per byte (low nibble first), per group g: weight = (code - zero_point[n, g]) * scale[n, g],
- *   the reference's dequantized value exactly; out = x . weight[n] + bias[n]. */
+ *   the reference's dequantized value exactly; out = x . weight[n] + bias[n]. The even and the odd columns are
+ *   summed as two halves (inputs split once per call), so the nibbles widen into contiguous runs.
+ * Input rows are taken four at a time against two weight rows (a 4 x 2 tile of sums in registers), with fused
+ * multiply-adds. */
 #include <stdlib.h>
 #include "common.h"
 
 typedef float lb_v16 __attribute__((vector_size(64)));
+
+/* The dot products may fuse a * b + c (this file only: the quantizers keep -ffp-contract=off). Clang ignores
+ * GCC's optimize attribute and takes its own pragma inside the function. */
+#if defined(__clang__)
+#define LB_FUSED_MULTIPLY_ADD
+#define LB_CONTRACT _Pragma("clang fp contract(fast)")
+#else
+#define LB_FUSED_MULTIPLY_ADD __attribute__((optimize("fp-contract=fast")))
+#define LB_CONTRACT
+#endif
 
 static inline lb_v16 load16(const float *p) { lb_v16 v; memcpy(&v, p, sizeof v); return v; }
 static inline float sum16(lb_v16 v) {
@@ -25,71 +38,97 @@ typedef struct {
     volatile int failed;
 } linear_job;
 
-static void dot_rows(const linear_job *job, const float *weight, int64_t n) {
-    const int64_t K = job->inner, body = K & ~(int64_t)15;
-    int64_t m = 0;
-    for (; m + 4 <= job->rows; m += 4) {
-        const float *x0 = job->x + m * K, *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
-        lb_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-        for (int64_t k = 0; k < body; k += 16) {
-            lb_v16 w = load16(weight + k);
-            a0 += load16(x0 + k) * w; a1 += load16(x1 + k) * w;
-            a2 += load16(x2 + k) * w; a3 += load16(x3 + k) * w;
-        }
-        float s0 = sum16(a0), s1 = sum16(a1), s2 = sum16(a2), s3 = sum16(a3);
-        for (int64_t k = body; k < K; k++) {
-            s0 += x0[k] * weight[k]; s1 += x1[k] * weight[k]; s2 += x2[k] * weight[k]; s3 += x3[k] * weight[k];
-        }
-        float sums[4] = {s0, s1, s2, s3};
-        for (int r = 0; r < 4; r++) {
-            float value = job->zero_point ? sums[r] : sums[r] * job->scale[n];
-            job->out[(m + r) * job->columns + n] = job->bias ? value + job->bias[n] : value;
-        }
+static inline void store(const linear_job *job, int64_t m, int64_t n, float sum) {
+    float value = job->zero_point ? sum : sum * job->scale[n];
+    job->out[m * job->columns + n] = job->bias ? value + job->bias[n] : value;
+}
+
+/* Input rows m .. m + ROWS - 1 against weight rows n and n + 1 (widened: w0, w1): a ROWS x 2 tile of 16-lane
+ * sums held in registers, each loaded vector used twice or ROWS times. */
+#define LB_TILE(ROWS) \
+    LB_FUSED_MULTIPLY_ADD static void tile_##ROWS(const linear_job *job, const float *w0, const float *w1, \
+                                                  int64_t m, int64_t n, int pair) { \
+        LB_CONTRACT \
+        const int64_t K = job->inner, body = K & ~(int64_t)15; \
+        const float *x = job->x + m * K; \
+        lb_v16 a[ROWS][2]; \
+        memset(a, 0, sizeof a); \
+        for (int64_t k = 0; k < body; k += 16) { \
+            lb_v16 v0 = load16(w0 + k), v1 = load16(w1 + k); \
+            for (int r = 0; r < ROWS; r++) { \
+                lb_v16 in = load16(x + r * K + k); \
+                a[r][0] += in * v0; a[r][1] += in * v1; \
+            } \
+        } \
+        for (int r = 0; r < ROWS; r++) { \
+            float s0 = sum16(a[r][0]), s1 = sum16(a[r][1]); \
+            for (int64_t k = body; k < K; k++) { s0 += x[r * K + k] * w0[k]; s1 += x[r * K + k] * w1[k]; } \
+            store(job, m + r, n, s0); \
+            if (pair) store(job, m + r, n + 1, s1); \
+        } \
     }
-    for (; m < job->rows; m++) {
-        const float *x0 = job->x + m * K;
-        lb_v16 a0 = {0};
-        for (int64_t k = 0; k < body; k += 16) a0 += load16(x0 + k) * load16(weight + k);
-        float s0 = sum16(a0);
-        for (int64_t k = body; k < K; k++) s0 += x0[k] * weight[k];
-        float value = job->zero_point ? s0 : s0 * job->scale[n];
-        job->out[m * job->columns + n] = job->bias ? value + job->bias[n] : value;
+LB_TILE(4)
+LB_TILE(1)
+
+/* Every input row against weight rows n and n + 1 (pair = 0: an odd last column n alone, w1 = w0). */
+static void dot_rows(const linear_job *job, const float *w0, const float *w1, int64_t n, int pair) {
+    int64_t m = 0;
+    for (; m + 4 <= job->rows; m += 4) tile_4(job, w0, w1, m, n, pair);
+    for (; m < job->rows; m++) tile_1(job, w0, w1, m, n, pair);
+}
+
+/* A fixed trip count: straight vector code (a conversion of a byte vector with __builtin_convertvector is
+ * done lane by lane by GCC). */
+static inline void widen16(const uint8_t *restrict bytes, float *restrict low, float *restrict high, float zero,
+                           float scale) {
+    for (int j = 0; j < 16; j++) {
+        low[j] = ((float)(bytes[j] & 15) - zero) * scale;
+        high[j] = ((float)(bytes[j] >> 4) - zero) * scale;
     }
 }
 
-static void widen_int4(const linear_job *job, float *weight, int64_t n) {
+static void widen(const linear_job *job, float *restrict weight, int64_t n) {
+    if (!job->zero_point) {
+        const int8_t *codes = (const int8_t *)job->codes + n * job->inner;
+        for (int64_t k = 0; k < job->inner; k++) weight[k] = (float)codes[k];
+        return;
+    }
+    /* int4: the low nibbles' weights first, then the high ones' (the input rows were split the same way:
+     * even columns first), so both halves are written contiguously */
     const uint8_t *packed = (const uint8_t *)job->codes + n * (job->inner / 2);
-    const int64_t groups = job->inner / job->group;
+    const int64_t groups = job->inner / job->group, half = job->group / 2;
+    float *restrict low = weight, *restrict high = weight + job->inner / 2;
     for (int64_t g = 0; g < groups; g++) {
         const float zero = (float)job->zero_point[n * groups + g], scale = job->scale[n * groups + g];
-        for (int64_t k = g * job->group; k < (g + 1) * job->group; k += 2) {
-            uint8_t byte = packed[k / 2];
-            weight[k] = ((float)(byte & 15) - zero) * scale;
-            weight[k + 1] = ((float)(byte >> 4) - zero) * scale;
+        const uint8_t *restrict bytes = packed + g * half;
+        if (half % 16 == 0) { /* groups of 32, 64, ...: sixteen bytes at a time */
+            for (int64_t j = 0; j < half; j += 16) widen16(bytes + j, low + g * half + j, high + g * half + j, zero, scale);
+            continue;
+        }
+        for (int64_t j = 0; j < half; j++) {
+            low[g * half + j] = ((float)(bytes[j] & 15) - zero) * scale;
+            high[g * half + j] = ((float)(bytes[j] >> 4) - zero) * scale;
         }
     }
 }
 
 static void linear_range(const void *context, int64_t begin, int64_t end) {
     linear_job *job = (linear_job *)context;
-    const int64_t unit = job->rows * job->inner;
-    float *weight = malloc(sizeof(float) * (size_t)job->inner);
+    const int64_t unit = job->rows * job->inner, last = end / unit;
+    float *weight = malloc(2 * sizeof(float) * (size_t)job->inner);
     if (!weight) { job->failed = 1; return; }
-    for (int64_t n = begin / unit; n < end / unit; n++) {
-        if (job->zero_point) widen_int4(job, weight, n);
-        else {
-            const int8_t *codes = (const int8_t *)job->codes + n * job->inner;
-            for (int64_t k = 0; k < job->inner; k++) weight[k] = (float)codes[k];
-        }
-        dot_rows(job, weight, n);
+    for (int64_t n = begin / unit; n < last; n += 2) {
+        int pair = n + 1 < last;
+        widen(job, weight, n);
+        if (pair) widen(job, weight + job->inner, n + 1);
+        dot_rows(job, weight, pair ? weight + job->inner : weight, n, pair);
     }
     free(weight);
 }
 
-/* Threads pay off from about 4M multiply-adds (starting one costs tens of microseconds). */
-static int threads_for(int64_t rows, int64_t inner, int64_t columns, int threads) {
-    return rows * inner * columns < ((int64_t)1 << 22) ? 1 : threads;
-}
+/* Threads of our own pay off from about 4M multiply-adds (starting one costs tens of microseconds); on torch's
+ * OpenMP pool from far fewer (parallel.c). Work is counted in multiply-adds, split by whole columns. */
+#define LB_LINEAR_THREADS_FROM ((int64_t)1 << 22)
 
 /* x [rows, inner] f32, codes [columns, inner] int8, scale [columns], bias [columns] or NULL -> out [rows, columns].
  * Returns 0, or -1 when a work buffer could not be allocated (out is then incomplete). */
@@ -97,7 +136,7 @@ int lb_int8_linear_f32(const float *x, const int8_t *codes, const float *scale, 
                        int64_t rows, int64_t inner, int64_t columns, int threads) {
     linear_job job = {x, codes, scale, bias, out, rows, inner, columns, NULL, 0, 0};
     if (rows <= 0 || inner <= 0 || columns <= 0) return 0;
-    lb_parallel(columns * rows * inner, rows * inner, threads_for(rows, inner, columns, threads), linear_range, &job);
+    lb_parallel_from(columns * rows * inner, rows * inner, threads, LB_LINEAR_THREADS_FROM, linear_range, &job);
     return job.failed ? -1 : 0;
 }
 
@@ -106,8 +145,16 @@ int lb_int8_linear_f32(const float *x, const int8_t *codes, const float *scale, 
 int lb_int4_linear_f32(const float *x, const uint8_t *packed, const uint8_t *zero_point, const float *scale,
                        const float *bias, float *out, int64_t rows, int64_t inner, int64_t columns, int64_t group,
                        int threads) {
-    linear_job job = {x, packed, scale, bias, out, rows, inner, columns, zero_point, group, 0};
     if (rows <= 0 || inner <= 0 || columns <= 0 || group <= 0 || group % 2 || inner % group) return -1;
-    lb_parallel(columns * rows * inner, rows * inner, threads_for(rows, inner, columns, threads), linear_range, &job);
+    float *split = malloc(sizeof(float) * (size_t)(rows * inner)); /* each row: even columns, then odd ones */
+    if (!split) return -1;
+    for (int64_t m = 0; m < rows; m++)
+        for (int64_t k = 0; k < inner; k += 2) {
+            split[m * inner + k / 2] = x[m * inner + k];
+            split[m * inner + inner / 2 + k / 2] = x[m * inner + k + 1];
+        }
+    linear_job job = {split, packed, scale, bias, out, rows, inner, columns, zero_point, group, 0};
+    lb_parallel_from(columns * rows * inner, rows * inner, threads, LB_LINEAR_THREADS_FROM, linear_range, &job);
+    free(split);
     return job.failed ? -1 : 0;
 }
