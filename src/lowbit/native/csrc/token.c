@@ -3,10 +3,11 @@
  * token_rescale), with the same float operations in the same order as the eager code. */
 #include "common.h"
 
-/* One thread up to this many elements (every MiniLM layer): these steps run right after torch's integer GEMM,
- * whose OpenMP workers keep spinning for a while, and a second thread of ours competes with them for the
- * cores (measured on 2 cores, 2112 x 384 -> 384 module: 0.98 ms with two threads from 2^18 elements, 0.67 ms
- * with one; the torch.compile steps on torch's own pool: 0.63 ms). */
+/* With threads of our own, one thread up to this many elements (every MiniLM layer): these steps run right
+ * after torch's integer GEMM, whose OpenMP workers keep spinning for a while, and a second thread of ours
+ * competes with them for the cores (measured on 2 cores, 2112 x 384 -> 384 module: 0.98 ms with two threads
+ * from 2^18 elements, 0.67 ms with one; the torch.compile steps on torch's own pool: 0.63 ms). On torch's
+ * OpenMP pool (parallel.c) they thread from 2^16 elements: rescaling 2112 x 1536 sums 0.25 -> 0.15 ms. */
 #define LB_TOKEN_THREADS_FROM ((int64_t)1 << 24)
 
 typedef struct {
