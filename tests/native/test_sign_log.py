@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import lowbit
+from lowbit import backend
 from helpers import DETERMINISTIC, float32_patterns
 from lowbit.native import build
 
@@ -142,6 +143,7 @@ def test_ternary_requantizes_its_output_and_given_alpha_per_channel():
 
 
 @pytest.mark.parametrize("name,params", [("ternary", {"scaling_factor": True}), ("ternary", {"axis": 0}),
+                                         ("ternary", {"scaling_factor": True, "axis": -1}),
                                          ("binary", {"scaling_factor": True, "axis": -1}),
                                          ("binary", {"scaling_factor": True, "bipolar": False})])  # fmt: skip
 def test_statistics_on_several_threads(name, params, several_threads):
@@ -174,3 +176,62 @@ def test_binary_residual_variants(params):
 def test_binary_residual_with_too_many_values_takes_the_eager_path():
     spec = lowbit.get_format("binary_residual")(levels=6, means=(32, 16, 8, 4, 2, 1))  # 64 values
     assert spec._native(finite((4, 4), 0), torch.float32) is None
+
+
+def scaled_sign_specs():
+    """The data-driven scales: binary bipolar / unipolar and ternary TWN (scaled and not), per tensor and per
+    channel on the first and last axes."""
+    binary, ternary = lowbit.get_format("binary"), lowbit.get_format("ternary")
+    for axis in (None, 0, -1):
+        yield binary(scaling_factor=True, axis=axis)
+        yield binary(scaling_factor=True, bipolar=False, axis=axis)
+        yield ternary(scaling_factor=True, axis=axis)
+        yield ternary(axis=axis)
+
+
+def statistics_inputs(shape) -> list[torch.Tensor]:
+    """Constant tensors (normal, subnormal, huge, negative), magnitudes over float32's whole range (terms that
+    underflow once divided by the max), all-infinite and all-NaN ones, and shapes whose runs end in a partial
+    vector of sixteen lanes."""
+    span = torch.logspace(-45, 38, shape[-1]).expand(shape).contiguous()
+    signs = torch.where(finite(shape, 20) > 0, 1.0, -1.0)
+    inputs = [torch.full(shape, value) for value in (3.7, -3.7, 1e-40, 3e38, -0.0, float("inf"), float("nan"))]
+    return inputs + [span * signs, with_specials(span * signs), finite(shape, 21) * 1e-38, finite(shape, 22) * 1e30]
+
+
+@pytest.mark.parametrize("spec", list(scaled_sign_specs()), ids=lambda spec: spec.describe())
+@pytest.mark.parametrize("shape", [(5, 37), (3, 16), (7, 1), (40, 3)], ids=str)
+def test_statistics_on_constant_extreme_and_non_finite_tensors(spec, shape):
+    for x in statistics_inputs(shape):
+        got = spec._native(x, torch.float32)
+        want = spec._quantize_in_dtype(x, None)
+        assert got is None or torch.equal(got.view(torch.int32), want.view(torch.int32)), (spec.describe(), x)
+        if bool(torch.isfinite(x).all()) and x.abs().max() >= 1e-30:  # the certificate holds on these
+            assert got is not None, f"{spec.describe()} declined {x.flatten()[:4]}"
+
+
+def midpoint_rows(tiny: float, rows: int) -> torch.Tensor:
+    """Rows whose mean |x| over the row's max is (2.5 + 2^-23) / 4 = 0.625 + 2^-25, a float32 midpoint, plus
+    `tiny`: with tiny = 0 every term is a multiple of 2^-24 and both sums are exact (the certificate holds;
+    the tie rounds to even, 0.625); with a tiny nonzero element the exact quotient lies just above the
+    midpoint but the float64 sums drop it, so no bound can decide the rounding and the kernel must decline."""
+    row = torch.tensor([1.0, -1.0, 0.5 + 2.0**-23, tiny])
+    return torch.stack([row, -row.flip(0), row * 0.75])[:rows]
+
+
+@pytest.mark.parametrize("axis", [None, 0])
+def test_a_mean_on_a_float32_midpoint_is_certified_when_exact_and_declined_when_not(axis):
+    spec = lowbit.get_format("binary")(scaling_factor=True, axis=axis)
+    rows = 1 if axis is None else 3
+    exact = midpoint_rows(0.0, rows)
+    assert_native_equals_eager(spec, exact)
+    assert spec._quantize_in_dtype(exact, None)[0, 0].item() == 0.625  # the tie went to the even float
+    undecided = midpoint_rows(1e-30, rows)
+    assert spec._native(undecided, torch.float32) is None
+    before = backend.get_backend()
+    backend.set_backend("native")
+    try:
+        got = spec.quantize(undecided)  # the eager path answers
+    finally:
+        backend.set_backend(before)
+    assert torch.equal(got.view(torch.int32), spec._quantize_in_dtype(undecided, None).view(torch.int32))
