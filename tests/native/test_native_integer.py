@@ -109,6 +109,9 @@ DERIVED = [
     ("q8f", {"axis": 1, "scale_dtype": "bf16"}, (6, 5, 28)),
     ("q4f", {"block_size": (1, 32), "power_of_two": True}, (12, 70)),
     ("q2f", {"axis": 0, "scale_dtype": "f16"}, (12, 70)),
+    ("affine", {"bits": 4, "block_size": (1, 32), "scale_dtype": "bf16"}, (12, 64)),  # whole blocks of 32
+    ("q4s", {"block_size": (1, 16)}, (6, 5, 32)),  # whole blocks of 16
+    ("affine", {"bits": 6, "block_size": (1, 48), "symmetric": True, "power_of_two": True}, (12, 96)),  # of 48
 ]
 
 

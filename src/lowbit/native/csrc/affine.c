@@ -43,6 +43,46 @@ static void min_max(const float *x, int64_t n, float *low, float *high) {
     *high = highs[0] > *high ? highs[0] : *high;
 }
 
+/* min_max for n a multiple of 16 (blocks of 16, 32, ...), inlined where n is a constant: no tail, no call,
+ * 16 lanes then halves. The order of the minima does not matter: every value is finite and no lane ever
+ * holds -0.0 (they start at +0.0, and -0.0 < +0.0 is false), so min and max are exact in any order. */
+typedef float lb_f16 __attribute__((vector_size(64)));
+typedef int32_t lb_i16 __attribute__((vector_size(64)));
+typedef float lb_f8 __attribute__((vector_size(32)));
+typedef int32_t lb_i8 __attribute__((vector_size(32)));
+typedef float lb_f4 __attribute__((vector_size(16)));
+typedef int32_t lb_i4 __attribute__((vector_size(16)));
+
+#define LB_SELECT(mask, yes, no, F, I) ((F)(((I)(yes) & (mask)) | ((I)(no) & ~(mask))))
+
+static inline __attribute__((always_inline)) void block_min_max(const float *restrict x, int64_t n, float *low,
+                                                                float *high) {
+    const lb_f16 zero = {0};
+    lb_f16 lows = zero, highs = zero, limit = zero + FLT_MAX;
+    for (int64_t i = 0; i < n; i += 16) {
+        lb_f16 v;
+        memcpy(&v, x + i, sizeof v);
+        lb_f16 magnitude = LB_SELECT((lb_i16)v < 0, -v, v, lb_f16, lb_i16); /* |v| for the finiteness test */
+        v = LB_SELECT(magnitude <= limit, v, zero, lb_f16, lb_i16); /* non-finite -> +0 */
+        lows = LB_SELECT(v < lows, v, lows, lb_f16, lb_i16);
+        highs = LB_SELECT(v > highs, v, highs, lb_f16, lb_i16);
+    }
+    lb_f8 low8[2], high8[2];
+    memcpy(low8, &lows, sizeof lows);
+    memcpy(high8, &highs, sizeof highs);
+    lb_f8 lo = LB_SELECT(low8[1] < low8[0], low8[1], low8[0], lb_f8, lb_i8);
+    lb_f8 hi = LB_SELECT(high8[1] > high8[0], high8[1], high8[0], lb_f8, lb_i8);
+    lb_f4 low4[2], high4[2];
+    memcpy(low4, &lo, sizeof lo);
+    memcpy(high4, &hi, sizeof hi);
+    lb_f4 lo4 = LB_SELECT(low4[1] < low4[0], low4[1], low4[0], lb_f4, lb_i4);
+    lb_f4 hi4 = LB_SELECT(high4[1] > high4[0], high4[1], high4[0], lb_f4, lb_i4);
+    float a = lo4[0] < lo4[1] ? lo4[0] : lo4[1], b = lo4[2] < lo4[3] ? lo4[2] : lo4[3];
+    float c = hi4[0] > hi4[1] ? hi4[0] : hi4[1], d = hi4[2] > hi4[3] ? hi4[2] : hi4[3];
+    *low = a < b ? a : b;
+    *high = c > d ? c : d;
+}
+
 /* ---- element passes ------------------------------------------------------------------------------------ */
 #define RUN_LOOP(MODE) \
     if (p.bounded) for (int64_t i = 0; i < n; i++) \
@@ -185,6 +225,45 @@ static void row_range(const void *context, int64_t begin, int64_t end) {
     }
 }
 
+/* row_range where every block is whole and a multiple of 16 long (blocks of 16, 32, 64 along rows that they
+ * divide): the blocks are contiguous, the length and the rounding mode constants of the inlined loops. */
+static inline __attribute__((always_inline)) void whole_blocks(const affine_job *job, int64_t first, int64_t last,
+                                                               int64_t block, int mode) {
+    const lb_affine_spec *c = job->config;
+    float lows[BATCH], highs[BATCH];
+    affine_params params[BATCH];
+    for (int64_t batch = first; batch < last; batch += BATCH) {
+        int64_t count = last - batch < BATCH ? last - batch : BATCH;
+        for (int64_t k = 0; k < count; k++) block_min_max(job->x + (batch + k) * block, block, lows + k, highs + k);
+        derive_batch(c, lows, highs, count, params);
+        for (int64_t k = 0; k < count; k++) {
+            const float *restrict x = job->x + (batch + k) * block;
+            float *restrict out = job->out + (batch + k) * block;
+            affine_params p = params[k];
+            if (p.bounded)
+                for (int64_t i = 0; i < block; i++)
+                    out[i] = affine_value(x[i], p.scale, p.inverse, p.zero_point, c->clamp_low, c->clamp_high, mode, 1);
+            else
+                for (int64_t i = 0; i < block; i++)
+                    out[i] = affine_value(x[i], p.scale, p.inverse, p.zero_point, c->clamp_low, c->clamp_high, mode, 0);
+        }
+    }
+}
+
+#define WHOLE_16(MODE) whole_blocks(job, first, last, 16, MODE)
+#define WHOLE_32(MODE) whole_blocks(job, first, last, 32, MODE)
+#define WHOLE_ANY(MODE) whole_blocks(job, first, last, job->block, MODE)
+
+static void whole_block_range(const void *context, int64_t begin, int64_t end) {
+    const affine_job *job = context;
+    int64_t first = begin / job->block, last = end / job->block;
+    switch (job->block) {
+    case 16: LB_FOR_EACH_MODE(job->config->mode, WHOLE_16) break;
+    case 32: LB_FOR_EACH_MODE(job->config->mode, WHOLE_32) break;
+    default: LB_FOR_EACH_MODE(job->config->mode, WHOLE_ANY) break;
+    }
+}
+
 static int tensor_pass(affine_job *job, int64_t n, int threads) {
     int64_t count = (n + STAT_GRAIN - 1) / STAT_GRAIN;
     job->parts = malloc(sizeof(float) * 2 * count);
@@ -277,7 +356,10 @@ int lb_affine_f32(const float *x, float *out, int layout, int64_t d0, int64_t d1
     affine_job job = {x, out, d1, d2, d1, d2, NULL, NULL, NULL, NULL, 1, {1.0f, 1.0f, 0.0f, 1}, spec, NULL};
     switch (layout) {
     case LAYOUT_TENSOR: return tensor_pass(&job, d0, threads);
-    case LAYOUT_ROWS: lb_parallel(d0 * d1, d1, threads, row_range, &job); return 1;
+    case LAYOUT_ROWS:
+        if (d2 % 16 == 0 && d1 % d2 == 0) lb_parallel(d0 * d1, d1, threads, whole_block_range, &job);
+        else lb_parallel(d0 * d1, d1, threads, row_range, &job);
+        return 1;
     case LAYOUT_CHANNELS: return channel_pass(&job, d0, threads);
     default: return given_pass(&job, d0, threads);
     }
