@@ -143,6 +143,11 @@ def layer_like(columns: int) -> torch.Tensor:
     blocks[4], blocks[5], blocks[6] = 0.0, -0.0, float("inf")
     blocks[7, 3], blocks[8, 0], blocks[9, 15], blocks[40, 7] = float("nan"), float("inf"), -float("inf"), float("nan")
     blocks[41] = torch.randint(-64, 64, (16,), generator=generator) * 2.0**-140  # subnormal ties
+    # maxima on the ties of the shared exponent's rounding (|max| halfway between two codes at some width)
+    ties = [1.5, 3.0, -6.0, 1.25, 2.5, 1.75, 1.125, 1.0625 * 8, 1 + 3 * 2.0**-8, 1 + 2.0**-7, 1 + 2.0**-23, 2.0**24 - 1]
+    for offset, tie in enumerate(ties):
+        blocks[42 + offset] *= abs(tie) / blocks[42 + offset].abs().max() / 2
+        blocks[42 + offset, offset % 16] = tie
     return x
 
 
@@ -152,6 +157,7 @@ LAYER_FORMATS = [
     ("block_fp", {"width": 25, "exponent_width": 9, "exponent_bias": 200, "block_size": [1, 32]}),
     ("block_minifloat", {"width": 8, "exponent_width": 4, "exponent_bias_width": 4, "block_size": [1, 16]}),
     ("block_minifloat", {"width": 6, "exponent_width": 3, "exponent_bias_width": 8, "block_size": [1, 32]}),
+    ("block_minifloat", {"width": 5, "exponent_width": 4, "block_size": [1, 16]}),  # no mantissa bit
     ("block_log", {"width": 8, "exponent_bias_width": 4, "block_size": [1, 16]}),
     ("block_log", {"width": 5, "exponent_bias_width": 8, "block_size": [1, 32], "log_domain": True}),
     ("mxint8", {}), ("mxfp8_e4m3", {}), ("mxfp4_e2m1", {}), ("mxfp6_e3m2", {"block_size": 16}),

@@ -10,6 +10,8 @@
 
 #include "common.h"
 
+#define LB_LIKELY(condition) __builtin_expect(!!(condition), 1) /* the usual case (code layout only) */
+
 typedef struct {
     const float *x;
     float *out;
@@ -48,7 +50,7 @@ static inline int floor_log2_float(float v) {
 }
 
 static inline float pow2_float(int k) { /* 2^k for k in [-149, 127] */
-    return k >= -126 ? lb_float((uint32_t)(k + 127) << 23) : lb_float(1u << (k + 149));
+    return LB_LIKELY(k >= -126) ? lb_float((uint32_t)(k + 127) << 23) : lb_float(1u << (k + 149));
 }
 
 static inline double pow2_double(int k) { /* torch.ldexp(1.0, k) in float64: inf above, 0 far below */
@@ -118,6 +120,12 @@ LB_INLINE block_extremes extremes_of(const float *restrict x, int64_t length) {
  * 0x7f7fffff keeps the finite elements, 0x7f800000 every element but NaN, 0x7fffffff all of them. */
 LB_INLINE int32_t abs_max_bits_upto(const float *restrict x, int64_t length, int32_t limit) {
     int32_t largest = 0;
+    LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) { /* every element first: nothing to drop, mostly */
+        int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
+        largest = magnitude > largest ? magnitude : largest;
+    }
+    if (LB_LIKELY(largest <= limit)) return largest;
+    largest = 0;
     LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) {
         int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
         magnitude = magnitude <= limit ? magnitude : 0;
@@ -159,20 +167,28 @@ static inline int nearest_even_exponent(block_extremes ex, int significand_bits,
     return exponent < min_exponent ? min_exponent : (exponent > max_exponent ? max_exponent : exponent);
 }
 
+/* The usual case of block_exponent (nearest_even, a normal finite |max| with bit pattern `largest`,
+ * significand_bits <= 23) without a branch, for loops across blocks: parity_mask is 0 for significand_bits 1,
+ * else 1, and bias 2^(23 - significand_bits) minus that. */
+static inline int32_t usual_nearest_even_exponent(int32_t largest, int dropped, int32_t parity_mask, int32_t bias,
+                                                  int min_exponent, int max_exponent) {
+    int32_t exponent = ((largest + ((largest >> dropped) & parity_mask) + bias) >> 23) - 127;
+    return exponent < min_exponent ? min_exponent : (exponent > max_exponent ? max_exponent : exponent);
+}
+
 /* The shared exponent of block_fp (significand_bits M) and block_minifloat (M + 1): under nearest_even from
  * one reduction (|max|) unless the block holds an inf; otherwise from the block's extremes. */
 LB_INLINE int block_exponent(const float *restrict x, int64_t length, int significand_bits, int mode,
                              int min_exponent, int max_exponent) {
     if (mode == LB_NEAREST_EVEN) {
         int32_t largest = abs_max_bits_upto(x, length, 0x7f800000); /* inf, not NaN */
-        if (largest >= 0x00800000 && largest < 0x7f800000 && significand_bits <= 23) {
+        if (LB_LIKELY(largest >= 0x00800000 && largest < 0x7f800000 && significand_bits <= 23)) {
             /* a normal float32 |max|: the same rounding on its float32 bits (their fraction is the float64
              * one's top 23 bits, the rest zero, so the carry into the exponent happens alike) */
-            int dropped = 24 - significand_bits;
-            int32_t rounded = largest + (significand_bits == 1 ? 1 << (dropped - 1)
-                                                               : ((largest >> dropped) & 1) + (1 << (dropped - 1)) - 1);
-            int exponent = (rounded >> 23) - 127;
-            return exponent < min_exponent ? min_exponent : (exponent > max_exponent ? max_exponent : exponent);
+            int32_t parity_mask = significand_bits > 1;
+            int32_t bias = (1 << (23 - significand_bits)) - parity_mask;
+            return usual_nearest_even_exponent(largest, 24 - significand_bits, parity_mask, bias, min_exponent,
+                                               max_exponent);
         }
         if (largest < 0x7f800000) {
             block_extremes ex = {0.0f, lb_float((uint32_t)largest), 0};
@@ -184,20 +200,31 @@ LB_INLINE int block_exponent(const float *restrict x, int64_t length, int signif
 
 /* Every block of [begin, end) (in units of block_length elements), in two steps: STAT(job, index, x, length,
  * MODE) returns the block's parameters (a PARAM: its exponent, scale, ...), APPLY(job, params, x, out, length,
- * MODE) rounds its elements. Blocks of 16 and 32 elements (the common sizes) get the length a compile-time
- * constant, so each block's reductions and element loops become straight vector code; a row's shorter last
- * block and other lengths take the same STAT / APPLY with a run-time length. Rows of whole blocks put every
- * block right after the one before (the tensor is contiguous): they go by groups, first every block's
- * parameters, then every block's elements, so the processor overlaps the reductions of several blocks (each
- * a chain of dependent steps) instead of waiting on one before the elements of the next. */
+ * MODE) rounds its elements (GROUP: STAT for a group of blocks, below). Blocks of 16 and 32 elements (the
+ * common sizes) get the length a compile-time constant, so each block's reductions and element loops become
+ * straight vector code; a row's shorter last block and other lengths take the same STAT / APPLY with a
+ * run-time length. Rows of whole blocks put every block right after the one before (the tensor is
+ * contiguous): they go by groups, first every block's parameters, then every block's elements, so the
+ * processor overlaps the reductions of several blocks (each a chain of dependent steps) instead of waiting on
+ * one before the elements of the next. */
 #define LB_GROUP_BLOCKS 32
-#define LB_FOR_BLOCKS(job, begin, end, PARAM, STAT, APPLY, MODE) \
+#define LB_FOR_BLOCKS(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE) \
     do { \
         int64_t block_length_ = (job)->geometry.block_length; \
-        if (block_length_ == 16) LB_BLOCKS_OF(job, begin, end, PARAM, STAT, APPLY, MODE, 16); \
-        else if (block_length_ == 32) LB_BLOCKS_OF(job, begin, end, PARAM, STAT, APPLY, MODE, 32); \
-        else LB_BLOCKS_OF(job, begin, end, PARAM, STAT, APPLY, MODE, 0); \
+        if (block_length_ == 16) LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE, 16); \
+        else if (block_length_ == 32) LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE, 32); \
+        else LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE, 0); \
     } while (0)
+
+/* GROUP(job, first_index, x, count, length, params, MODE): the parameters of `count` blocks back to back
+ * from x. LB_GROUP_OF defines one that calls STAT block after block; a kernel may write its own that works
+ * across blocks (a loop over the group that vectorises). */
+#define LB_GROUP_OF(name, JOB, PARAM, STAT) \
+    LB_INLINE void name(const JOB *job, int64_t first, const float *restrict x, int64_t count, int64_t length, \
+                        PARAM *params, int mode) { \
+        for (int64_t item = 0; item < count; item++) \
+            params[item] = STAT(job, first + item, x + item * length, length, mode); \
+    }
 
 #define LB_STAT_APPLY(job, index, x, out, length, PARAM, STAT, APPLY, MODE) \
     do { \
@@ -205,7 +232,7 @@ LB_INLINE int block_exponent(const float *restrict x, int64_t length, int signif
         APPLY(job, params_, x, out, length, MODE); \
     } while (0)
 
-#define LB_BLOCKS_OF(job, begin, end, PARAM, STAT, APPLY, MODE, LENGTH) \
+#define LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE, LENGTH) \
     do { \
         const block_geometry geometry = (job)->geometry; \
         const int64_t full = (LENGTH) ? (LENGTH) : geometry.block_length; \
@@ -216,8 +243,7 @@ LB_INLINE int block_exponent(const float *restrict x, int64_t length, int signif
                 const float *group_x = geometry.x + group * full; \
                 float *group_out = geometry.out + group * full; \
                 PARAM params_[LB_GROUP_BLOCKS]; \
-                for (int64_t item = 0; item < count; item++) \
-                    params_[item] = STAT(job, group + item, group_x + item * full, full, MODE); \
+                GROUP(job, group, group_x, count, full, params_, MODE); \
                 for (int64_t item = 0; item < count; item++) \
                     APPLY(job, params_[item], group_x + item * full, group_out + item * full, full, MODE); \
             } \

@@ -112,7 +112,9 @@ LB_INLINE void block_log_apply(const block_log_job *job, block_log_params params
             out[k] = power_of_two(x[k], min_exponent, max_exponent, job, mode);
 }
 
-#define BLOCK_LOG_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, block_log_params, block_log_stat, block_log_apply, MODE)
+LB_GROUP_OF(block_log_group, block_log_job, block_log_params, block_log_stat)
+#define BLOCK_LOG_LOOP(MODE) \
+    LB_FOR_BLOCKS(job, begin, end, block_log_params, block_log_stat, block_log_group, block_log_apply, MODE)
 
 static void block_log_range(const void *context, int64_t begin, int64_t end) {
     const block_log_job local = *(const block_log_job *)context, *job = &local;

@@ -133,7 +133,8 @@ LB_INLINE void scaled_apply(const scaled_job *job, float scale, const float *res
     else scaled_elements(x, out, length, scale, element, nearest, clamp_inf, mode, 0, 1);
 }
 
-#define SCALED_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, float, scaled_stat, scaled_apply, MODE)
+LB_GROUP_OF(scaled_group, scaled_job, float, scaled_stat)
+#define SCALED_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, float, scaled_stat, scaled_group, scaled_apply, MODE)
 
 static void scaled_range(const void *context, int64_t begin, int64_t end) {
     const scaled_job local = *(const scaled_job *)context, *job = &local;

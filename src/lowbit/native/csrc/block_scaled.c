@@ -46,7 +46,8 @@ LB_INLINE void mx_apply(const mx_job *job, mx_params params, const float *restri
     grid_block(x, out, length, job->mantissa_bits, params.min_exponent, params.limit, mode);
 }
 
-#define MX_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, mx_params, mx_stat, mx_apply, MODE)
+LB_GROUP_OF(mx_group, mx_job, mx_params, mx_stat)
+#define MX_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, mx_params, mx_stat, mx_group, mx_apply, MODE)
 
 static void mx_range(const void *context, int64_t begin, int64_t end) {
     const mx_job local = *(const mx_job *)context, *job = &local; /* a copy: no store to out can change it */
@@ -106,7 +107,38 @@ LB_INLINE void block_fp_apply(const block_fp_job *job, block_fp_params params, c
     }
 }
 
-#define BLOCK_FP_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, block_fp_params, block_fp_stat, block_fp_apply, MODE)
+/* block_fp_stat for a group of blocks: under nearest_even (float32 path), every block whose |max| is a normal
+ * float32 and whose step and 1 / step are normal floats in one loop across the blocks (it vectorises); block_fp_stat
+ * for the others. */
+LB_INLINE void block_fp_group(const block_fp_job *job, int64_t first, const float *restrict x, int64_t count,
+                              int64_t length, block_fp_params *params, int mode) {
+    int m = job->mantissa_bits, min_exponent = job->min_exponent, max_exponent = job->max_exponent;
+    if (mode != LB_NEAREST_EVEN || !job->in_float || m > 23) {
+        for (int64_t item = 0; item < count; item++)
+            params[item] = block_fp_stat(job, first + item, x + item * length, length, mode);
+        return;
+    }
+    int32_t largest[LB_GROUP_BLOCKS], usual[LB_GROUP_BLOCKS], all_usual = 1;
+    for (int64_t item = 0; item < count; item++)
+        largest[item] = abs_max_bits_upto(x + item * length, length, 0x7f800000); /* inf, not NaN */
+    int32_t parity_mask = m > 1, bias = (1 << (23 - m)) - parity_mask;
+    for (int64_t item = 0; item < count; item++) {
+        int32_t bits = largest[item];
+        int32_t exponent = usual_nearest_even_exponent(bits, 24 - m, parity_mask, bias, min_exponent, max_exponent);
+        int32_t power = exponent - m + 1;
+        usual[item] = (bits >= 0x00800000) & (bits < 0x7f800000) & (power >= -126) & (power <= 126);
+        all_usual &= usual[item];
+        params[item].step = lb_float((uint32_t)(power + 127) << 23);
+        params[item].inverse = lb_float((uint32_t)(127 - power) << 23);
+        params[item].power = power;
+    }
+    if (LB_LIKELY(all_usual)) return;
+    for (int64_t item = 0; item < count; item++)
+        if (!usual[item]) params[item] = block_fp_stat(job, first + item, x + item * length, length, mode);
+}
+
+#define BLOCK_FP_LOOP(MODE) \
+    LB_FOR_BLOCKS(job, begin, end, block_fp_params, block_fp_stat, block_fp_group, block_fp_apply, MODE)
 
 static void block_fp_range(const void *context, int64_t begin, int64_t end) {
     const block_fp_job local = *(const block_fp_job *)context, *job = &local;
@@ -160,8 +192,37 @@ LB_INLINE void block_minifloat_apply(const block_minifloat_job *job, minifloat_p
         minifloat_block_double(x, out, length, params.shared, job, mode);
 }
 
+/* block_minifloat_stat for a group of blocks, as block_fp_group: the usual blocks (a normal |max|, a normal
+ * 2^t) in one loop across the blocks, block_minifloat_stat for the others. */
+LB_INLINE void block_minifloat_group(const block_minifloat_job *job, int64_t first, const float *restrict x,
+                                     int64_t count, int64_t length, minifloat_params *params, int mode) {
+    int m = job->mantissa_bits, min_shared = job->min_shared, max_shared = job->max_shared;
+    if (mode != LB_NEAREST_EVEN || !job->in_float || m + 1 > 23) {
+        for (int64_t item = 0; item < count; item++)
+            params[item] = block_minifloat_stat(job, first + item, x + item * length, length, mode);
+        return;
+    }
+    int32_t largest[LB_GROUP_BLOCKS], usual[LB_GROUP_BLOCKS], all_usual = 1;
+    for (int64_t item = 0; item < count; item++)
+        largest[item] = abs_max_bits_upto(x + item * length, length, 0x7f800000); /* inf, not NaN */
+    int32_t parity_mask = m > 0, bias = (1 << (22 - m)) - parity_mask; /* significand_bits m + 1 */
+    float top_significand = 2.0f - pow2_float(-m);
+    for (int64_t item = 0; item < count; item++) {
+        int32_t bits = largest[item];
+        int32_t shared = usual_nearest_even_exponent(bits, 23 - m, parity_mask, bias, min_shared, max_shared);
+        usual[item] = (bits >= 0x00800000) & (bits < 0x7f800000) & (shared >= -126);
+        all_usual &= usual[item];
+        params[item].shared = shared;
+        params[item].limit = top_significand * lb_float((uint32_t)(shared + 127) << 23); /* pow2_float(shared) */
+    }
+    if (LB_LIKELY(all_usual)) return;
+    for (int64_t item = 0; item < count; item++)
+        if (!usual[item]) params[item] = block_minifloat_stat(job, first + item, x + item * length, length, mode);
+}
+
 #define BLOCK_MINIFLOAT_LOOP(MODE) \
-    LB_FOR_BLOCKS(job, begin, end, minifloat_params, block_minifloat_stat, block_minifloat_apply, MODE)
+    LB_FOR_BLOCKS(job, begin, end, minifloat_params, block_minifloat_stat, block_minifloat_group, \
+                  block_minifloat_apply, MODE)
 
 static void block_minifloat_range(const void *context, int64_t begin, int64_t end) {
     const block_minifloat_job local = *(const block_minifloat_job *)context, *job = &local;
