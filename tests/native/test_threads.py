@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import select
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -108,3 +110,39 @@ def test_every_worker_rounds_with_the_callers_flush_to_zero_state(several_thread
     assert kept.count_nonzero() > 0  # without the flush they survive
     flushed = one_thread.view(torch.int32)  # (subnormal steps read as zero: 0 / 0 gives NaN, bit for bit)
     assert torch.equal(threaded.view(torch.int32), flushed) and not torch.equal(flushed, kept.view(torch.int32))
+
+
+def test_a_child_that_loads_the_library_after_a_fork_runs_threaded_kernels_too(tmp_path):
+    """The parent ran torch's pool and never loaded the library; a forked child loads it and must not enter
+    the pool (libgomp would wait forever there)."""
+    if build.ensure() is None:
+        pytest.skip(f"no native library: {build.error()}")
+    answer = tmp_path / "answer.bin"
+    script = f"""
+import os, sys, torch
+os.environ["LOWBIT_CACHE_DIR"] = {str(build.cache_dir())!r}
+torch.set_num_threads(2)
+(torch.randn(1 << 22) * 2).sum()            # torch's OpenMP pool has run
+from lowbit import backend
+from lowbit.formats import resolve
+from lowbit.native import build, kernels
+assert build.library() is None
+pid = os.fork()
+if pid == 0:  # no torch op that may go parallel here: torch's own would wait forever
+    assert build.ensure() is not None
+    backend.set_backend("native")
+    x = torch.linspace(-300, 300, 1 << 14).reshape(64, 256)
+    with kernels.threads_from(1 << 10):
+        got = resolve("e4m3").quantize(x)
+    with open({str(answer)!r}, "wb") as file:
+        file.write(bytes([kernels.uses_openmp()]) + got.numpy().tobytes())
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = answer.read_bytes()
+    x = torch.linspace(-300, 300, 1 << 14).reshape(64, 256)
+    assert data[0] == 0  # threads of its own
+    assert torch.equal(torch.frombuffer(bytearray(data[1:]), dtype=torch.float32).reshape(x.shape), resolve("e4m3").quantize(x))

@@ -51,6 +51,7 @@ def _after_fork_in_child() -> None:
     its own."""
     global _lock
     _lock = threading.Lock()
+    _state["forked"] = True  # a library loaded from now on must not enter libgomp's pool (csrc/parallel.c)
     if _state["library"] is None and _state["error"] is None:
         _state["thread"] = None
 
@@ -122,6 +123,8 @@ def ensure() -> ctypes.CDLL | None:
         if _state["library"] is None and _state["error"] is None:
             try:
                 _state["library"] = _load_or_build()
+                if _state.get("forked"):
+                    _state["library"].lb_note_fork()
             except Exception as failure:  # no compiler, a failed build, an unwritable cache: stay eager
                 _state["error"] = f"{type(failure).__name__}: {failure}"
     return _state["library"]
@@ -130,7 +133,7 @@ def ensure() -> ctypes.CDLL | None:
 def reset() -> None:
     """Forget the loaded library and any failure (tests; the next ``ensure`` loads from the cache again)."""
     with _lock:
-        _state.update(library=None, error=None, thread=None)
+        _state.update(library=None, error=None, thread=None)  # (a fork stays noted: it is this process's)
 
 
 def _sources() -> list[Path]:

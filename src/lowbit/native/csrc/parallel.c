@@ -81,9 +81,11 @@ int lb_uses_openmp(void) {
 #endif
 }
 
-static void lb_after_fork_in_child(void) { lb_forked = 1; }
+/* Called in a forked child: by pthread_atfork when the library was loaded before the fork, and by build.py
+ * when a forked child loads it (the parent's pool may have run torch's regions already). */
+void lb_note_fork(void) { lb_forked = 1; }
 
-__attribute__((constructor)) static void lb_watch_fork(void) { pthread_atfork(NULL, NULL, lb_after_fork_in_child); }
+__attribute__((constructor)) static void lb_watch_fork(void) { pthread_atfork(NULL, NULL, lb_note_fork); }
 
 static void lb_pthreads(int64_t n, int64_t per, int threads, lb_range_fn fn, const void *context) {
     pthread_t handles[LB_MAX_THREADS];
