@@ -18,7 +18,8 @@
 enum { SELECT_NOT_NAN, SELECT_POSITIVE, SELECT_ABOVE };
 #define PIECE 65536 /* elements a thread sums alone (more when there are many groups) */
 
-/* Per piece (PIECE elements, one thread) and group. Pass 1 (SELECT_NOT_NAN or SELECT_POSITIVE): the largest
+/* Per piece (PIECE elements, one thread; when every group is one run, the pieces hold whole groups and share
+ * one row of slots, as no two threads touch a group) and group. Pass 1 (SELECT_NOT_NAN or SELECT_POSITIVE): the largest
  * kept magnitude, the smallest positive one and the count. Pass 2: the float64 sum of f32(kept / unit), and
  * for SELECT_ABOVE (whose pass 1 is SELECT_NOT_NAN's) its count. Magnitudes are held as their float32 bits:
  * nonnegative floats order as their bits do, so integer max / min give the float max / min (and vectorise
@@ -212,7 +213,8 @@ static void stats_run(const stats_job *job, const float *x, int64_t length, int6
 static void stats_range(const void *context, int64_t begin, int64_t end) {
     const stats_job *job = context;
     for (int64_t start = begin; start < end; start += job->piece) {
-        int64_t stop = start + job->piece < end ? start + job->piece : end, slot = (start / job->piece) * job->groups;
+        int64_t stop = start + job->piece < end ? start + job->piece : end;
+        int64_t slot = job->pieces == 1 ? 0 : (start / job->piece) * job->groups;
         for (int64_t i = start; i < stop;) {
             int64_t group = (i / job->inner) % job->groups, run_end = stop;
             int row = job->groups > 1 && job->inner == 1;
@@ -234,6 +236,9 @@ typedef struct {
 static int stats_open(group_stats *stats, const float *x, int64_t outer, int64_t groups, int64_t inner) {
     int64_t n = outer * groups * inner, piece = PIECE, pieces = (n + piece - 1) / piece;
     while (pieces * groups > (1 << 20)) piece *= 2, pieces = (n + piece - 1) / piece;
+    if (outer == 1 && groups > 1) { /* each group one run: pieces of whole groups, one slot per group */
+        piece = (PIECE + inner - 1) / inner * inner, pieces = 1;
+    }
     int64_t slots = pieces * groups;
     size_t bytes = (size_t)(slots + groups) * (sizeof(double) + sizeof(int64_t) + 2 * sizeof(int32_t));
     char *memory = malloc(bytes);
