@@ -144,10 +144,13 @@ def layer_like(columns: int) -> torch.Tensor:
     blocks[7, 3], blocks[8, 0], blocks[9, 15], blocks[40, 7] = float("nan"), float("inf"), -float("inf"), float("nan")
     blocks[41] = torch.randint(-64, 64, (16,), generator=generator) * 2.0**-140  # subnormal ties
     # maxima on the ties of the shared exponent's rounding (|max| halfway between two codes at some width)
-    ties = [1.5, 3.0, -6.0, 1.25, 2.5, 1.75, 1.125, 1.0625 * 8, 1 + 3 * 2.0**-8, 1 + 2.0**-7, 1 + 2.0**-23, 2.0**24 - 1]
+    # and maxima one step above a power of two (block_log's ceil_log2), large (a bias inside its range) and small
+    ties = [1.5, 3.0, -6.0, 1.25, 2.5, 1.75, 1.125, 1.0625 * 8, 1 + 3 * 2.0**-8, 1 + 2.0**-7, 1 + 2.0**-23, 2.0**24 - 1,
+            2.0**115 * (1 + 2.0**-23), 1.5, 1 + 2.0**-23, 1.25]  # fmt: skip
     for offset, tie in enumerate(ties):
-        blocks[42 + offset] *= abs(tie) / blocks[42 + offset].abs().max() / 2
+        blocks[42 + offset] = blocks[42 + offset] / blocks[42 + offset].abs().max() * (abs(tie) / 2)
         blocks[42 + offset, offset % 16] = tie
+    blocks[54, 0], blocks[56, 0] = 1.5 * 2.0**-12, 1.5 * 2.0**-15  # by the smallest power each bias keeps
     return x
 
 

@@ -112,7 +112,30 @@ LB_INLINE void block_log_apply(const block_log_job *job, block_log_params params
             out[k] = power_of_two(x[k], min_exponent, max_exponent, job, mode);
 }
 
-LB_GROUP_OF(block_log_group, block_log_job, block_log_params, block_log_stat)
+/* block_log_stat for a group of blocks: those whose |max| (NaN and inf included) is a normal float32 in one loop
+ * across the blocks (it vectorises), block_log_stat for the others. */
+LB_INLINE void block_log_group(const block_log_job *job, int64_t first, const float *restrict x, int64_t count,
+                               int64_t length, block_log_params *params, int mode) {
+    int32_t largest[LB_GROUP_BLOCKS], usual[LB_GROUP_BLOCKS], all_usual = 1;
+    int top_code = job->top_code, max_bias = job->max_bias, nearest = mode == LB_NEAREST_EVEN && !job->log_domain;
+    for (int64_t item = 0; item < count; item++)
+        largest[item] = abs_max_bits_upto(x + item * length, length, 0x7fffffff); /* NaN and inf included */
+    for (int64_t item = 0; item < count; item++) {
+        int32_t bits = largest[item];
+        int ceil_log2 = (bits >> 23) - 127 + ((bits & 0x007fffff) != 0); /* floor_log2, +1 off a power of two */
+        int bias = top_code - ceil_log2;
+        bias = bias < 0 ? 0 : (bias > max_bias ? max_bias : bias);
+        usual[item] = (bits >= 0x00800000) & (bits < 0x7f800000);
+        all_usual &= usual[item];
+        params[item].min_exponent = 1 - bias;
+        params[item].max_exponent = top_code - bias;
+        params[item].nearest = nearest ? (-bias >= -126 ? 1 : 2) : 0; /* min_exponent - 1 >= -126 */
+    }
+    if (LB_LIKELY(all_usual)) return;
+    for (int64_t item = 0; item < count; item++)
+        if (!usual[item]) params[item] = block_log_stat(job, first + item, x + item * length, length, mode);
+}
+
 #define BLOCK_LOG_LOOP(MODE) \
     LB_FOR_BLOCKS(job, begin, end, block_log_params, block_log_stat, block_log_group, block_log_apply, MODE)
 
