@@ -201,8 +201,9 @@ LB_INLINE int block_exponent(const float *restrict x, int64_t length, int signif
 /* Every block of [begin, end) (in units of block_length elements), in two steps: STAT(job, index, x, length,
  * MODE) returns the block's parameters (a PARAM: its exponent, scale, ...), APPLY(job, params, x, out, length,
  * MODE) rounds its elements (GROUP: STAT for a group of blocks, below). Blocks of 16 and 32 elements (the
- * common sizes) get the length a compile-time constant, so each block's reductions and element loops become
- * straight vector code; a row's shorter last block and other lengths take the same STAT / APPLY with a
+ * common sizes) under nearest_even (the formats' default; one copy per length and mode would make the build
+ * several times longer) get the length a compile-time constant, so each block's reductions and element
+ * loops become straight vector code; a row's shorter last block and other lengths take the same STAT / APPLY with a
  * run-time length. Rows of whole blocks put every block right after the one before (the tensor is
  * contiguous): they go by groups, first every block's parameters, then every block's elements, so the
  * processor overlaps the reductions of several blocks (each a chain of dependent steps) instead of waiting on
@@ -211,8 +212,10 @@ LB_INLINE int block_exponent(const float *restrict x, int64_t length, int signif
 #define LB_FOR_BLOCKS(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE) \
     do { \
         int64_t block_length_ = (job)->geometry.block_length; \
-        if (block_length_ == 16) LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE, 16); \
-        else if (block_length_ == 32) LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE, 32); \
+        if (block_length_ == 16 && (MODE) == LB_NEAREST_EVEN) \
+            LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE, 16); \
+        else if (block_length_ == 32 && (MODE) == LB_NEAREST_EVEN) \
+            LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE, 32); \
         else LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE, 0); \
     } while (0)
 
@@ -254,8 +257,10 @@ LB_INLINE int block_exponent(const float *restrict x, int64_t length, int signif
                 int64_t start = column * full, length = geometry.row_length - start; \
                 const float *block_x = geometry.x + row * geometry.row_length + start; \
                 float *block_out = geometry.out + row * geometry.row_length + start; \
-                if (length >= full) LB_STAT_APPLY(job, index, block_x, block_out, full, PARAM, STAT, APPLY, MODE); \
-                else LB_STAT_APPLY(job, index, block_x, block_out, length, PARAM, STAT, APPLY, MODE); \
+                if ((LENGTH) && length >= full) \
+                    LB_STAT_APPLY(job, index, block_x, block_out, full, PARAM, STAT, APPLY, MODE); \
+                else LB_STAT_APPLY(job, index, block_x, block_out, length < full ? length : full, PARAM, STAT, \
+                                   APPLY, MODE); \
                 if (++column == geometry.blocks_per_row) { column = 0; row++; } \
             } \
         } \
