@@ -10,7 +10,7 @@ that is slow here warns once. The tables, per CPU class (docs/real-execution.md 
 class                   int8 dynamic Linear, per token               weight-only Linear
 ======================= ============================================ =========================================
 AMX                     >= 256 rows: ``onednn`` where faster          float32 model (every CPU): ``native`` up
-                        fewer: ``fbgemm``                            to 16 rows once loaded, else
+                        fewer: ``fbgemm``                            to 128 rows once loaded, else
 AVX-512 VNNI (+ BF16)   >= 256 rows: ``compiled`` / ``int_mm``;       ``dequantize``; bfloat16 model /
                         fewer: ``fbgemm``                            ``compute_dtype``: packed kernel up to 32
                                                                      rows, ``dequantize_bf16`` above
@@ -41,10 +41,12 @@ SPEED = {"int_mm": "int_mm_fast", "compiled": "int_mm_fast", "dequantize_bf16": 
 # int_mm is 5-20 % faster. Both give the same bits, so the crossover changes speed only.
 COMPILED_MIN_ROWS = 256
 FUSED_MIN_ROWS = 256  # from here the per-token quantize / rescale steps run compiled (two compiled calls pay off)
-# The native weight-only kernels (lowbit.native.linear) beat the dequantize route up to 16 rows on Zen 5 (quiet,
-# x fp32: int8 1024² 0.87-1.28 against 1.42-1.74, 4096² 0.20-0.97 against 0.61-1.07; int4 g32 similar) and
-# lose from 32 rows (int8 1024²: 1.52 against 1.34), where the sgemm of the rebuilt weight pulls ahead.
-NATIVE_MAX_ROWS = 16
+# The native weight-only kernels (lowbit.native.linear: 4 x 2 register tiles, fused multiply-adds) beat the
+# dequantize route up to 128 rows on Zen 5 (quiet, 2 threads, x fp32: int8 1024² 0.63 / 0.95 at 16 / 128 rows
+# against 1.47 / 1.09, 4096² 0.47 / 0.98 against 1.92 / 1.02; int4 g32 0.81 / 0.98 against 2.39 / 1.27) and lose
+# from 256 rows (int8 1024²: 1.06 against 1.00, 4096²: 1.35 against 0.95), where the sgemm of the rebuilt
+# weight pulls ahead.
+NATIVE_MAX_ROWS = 128
 _warned: set[tuple[str, str, str]] = set()
 
 
