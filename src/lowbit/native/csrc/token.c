@@ -22,32 +22,30 @@ typedef struct {
 /* torch.maximum / minimum: NaN wins. */
 static inline float nan_max(float a, float b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
 
-typedef int32_t token_i16 __attribute__((vector_size(64)));
-
 /* A float's bits as an int32 whose order is the float order (negative values: magnitude bits flipped). */
 static inline int32_t order_key(int32_t bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }
-static inline token_i16 order_key16(token_i16 bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }
 
-/* The row's max and min (NaN if it holds one), from integer keys 16 lanes at a time in GCC vector types
- * (integer max / min vectorise without fast-math; a float running max is a chain the compiler keeps in
- * order). Exact: the keys order every non-NaN float as the floats do. */
+/* The row's max and min (NaN if it holds one), from integer keys 16 lanes at a time, two sets of lanes so that
+ * the running max / min are two short chains (integer max / min vectorise without fast-math; a float running
+ * max is a chain the compiler keeps in order). Exact: the keys order every non-NaN float as the floats do. */
 static void row_range(const float *row, int64_t columns, float *high, float *low) {
-    token_i16 top, bottom, nan = {0};
-    for (int j = 0; j < 16; j++) { top[j] = INT32_MIN; bottom[j] = INT32_MAX; }
-    const int64_t body = columns - columns % 16;
-    for (int64_t k = 0; k < body; k += 16) {
-        token_i16 bits;
-        memcpy(&bits, row + k, sizeof bits);
-        nan |= (bits & 0x7fffffff) > 0x7f800000;
-        token_i16 key = order_key16(bits);
-        token_i16 above = key > top, below = key < bottom; /* -1 / 0 per lane */
-        top = (key & above) | (top & ~above);
-        bottom = (key & below) | (bottom & ~below);
+    int32_t top[32], bottom[32], nan[32];
+    for (int j = 0; j < 32; j++) { top[j] = INT32_MIN; bottom[j] = INT32_MAX; nan[j] = 0; }
+    const int64_t body = columns - columns % 32;
+    for (int64_t k = 0; k < body; k += 32) {
+        int32_t bits[32];
+        memcpy(bits, row + k, sizeof bits);
+        for (int j = 0; j < 32; j++) {
+            nan[j] |= (bits[j] & 0x7fffffff) > 0x7f800000;
+            int32_t key = order_key(bits[j]);
+            top[j] = key > top[j] ? key : top[j];
+            bottom[j] = key < bottom[j] ? key : bottom[j];
+        }
     }
     int32_t most = INT32_MIN, least = INT32_MAX;
     int any_nan = 0;
-    for (int j = 0; j < 16; j++) {
-        any_nan |= nan[j] != 0;
+    for (int j = 0; j < 32; j++) {
+        any_nan |= nan[j];
         most = top[j] > most ? top[j] : most;
         least = bottom[j] < least ? bottom[j] : least;
     }
