@@ -30,8 +30,9 @@ def hard_rows(rows: int, columns: int, seed: int) -> torch.Tensor:
     x[4] = torch.randn(columns, generator=generator) * 1e-39  # subnormal row: scale clamped to the smallest normal
     x[5] = 0.0
     x[6, ::2] = -0.0
-    x[7, -1] = float("nan")  # a NaN in the last column (past the 32-lane body when columns % 32 != 0)
-    x[7, -2] = 55.0  # and the row's max beside it
+    if rows > 7:
+        x[7, -1] = float("nan")  # a NaN in the last column (past the 32-lane body when columns % 32 != 0)
+        x[7, -2] = 55.0  # and the row's max beside it
     return x
 
 
