@@ -29,6 +29,7 @@ exponent if it holds an inf, so that a lone inf saturates to the format's max as
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -224,9 +225,9 @@ class BlockFP(FormatSpec):
         runs = native_runs(self, x)
         if runs is None:
             return None
-        max_exponent = min(self.max_exponent, dtype_max_exponent(x.dtype))
-        return native_block.block_fp(x, runs, self.mantissa_bits, self.min_exponent, max_exponent,
-                                     self._top_code(x.dtype), self._float32_applies(x), self.rounding)  # fmt: skip
+        max_exponent, top_code, _ = _native_constants(self, x.dtype)
+        return native_block.block_fp(x, runs, self.mantissa_bits, self.min_exponent, max_exponent, top_code,
+                                     self._float32_applies(x), self.rounding)  # fmt: skip
 
     def _top_code(self, dtype: torch.dtype) -> float:
         """The largest code: 2^M - 1, or where M exceeds ``dtype``'s significand (W > 25 for float32) the
@@ -241,8 +242,7 @@ class BlockFP(FormatSpec):
         """float32 data, a nearest mode, M <= 23 and every step >= 2^-149: then the float32 arithmetic below
         is exact where it matters (x / step is exact from 0.5 up, smaller quotients round to a signed zero in
         every nearest mode either way; code * step is a float32 value) and gives the float64 path's bits."""
-        return (x.dtype == torch.float32 and self.rounding.startswith("nearest") and self.mantissa_bits <= 23
-                and self.min_exponent - self.mantissa_bits + 1 >= -149 and can_branch_on_data(x))  # fmt: skip
+        return _native_constants(self, x.dtype)[2] and can_branch_on_data(x)
 
     def _float32_blocks(self, blocked: torch.Tensor, dims: tuple[int, ...], max_exponent: int) -> torch.Tensor:
         """The blocks in float32 with one reduction for the exponents (finite blocks); float64 otherwise."""
@@ -273,3 +273,13 @@ class BlockFP(FormatSpec):
         scaled = blocked / step  # exact: a power of two
         codes = scaled.round_() if self.rounding == "nearest_even" else round_to_integer(scaled, self.rounding, generator)
         return codes.clamp_(-top_code, top_code).mul_(step)
+
+
+@functools.lru_cache(maxsize=256)
+def _native_constants(spec: BlockFP, dtype: torch.dtype) -> tuple[int, float, bool]:
+    """(max exponent, top code, whether the float32 path applies but for the data check) of ``spec`` on
+    ``dtype``, computed once: a few microseconds of Python per call otherwise, which count at 384 x 384. The
+    float32 path: float32 data, a nearest mode, M <= 23 and every step >= 2^-149."""
+    float32 = (dtype == torch.float32 and spec.rounding.startswith("nearest") and spec.mantissa_bits <= 23
+               and spec.min_exponent - spec.mantissa_bits + 1 >= -149)  # fmt: skip
+    return min(spec.max_exponent, dtype_max_exponent(dtype)), spec._top_code(dtype), float32
