@@ -11,7 +11,7 @@
  * one float, that float is torch's result. Otherwise (rare: the quotient lies next to a float32 midpoint)
  * the caller takes the eager path. */
 #include <stdlib.h>
-#include "common.h"
+#include "lanes.h"
 
 /* ---------------------------------------------------------------- group statistics --------------------- */
 
@@ -34,46 +34,6 @@ typedef struct {
     int64_t *count;
     double *sum;
 } stats_job;
-
-/* Sixteen lanes in GCC vector types (AVX-512: one register; AVX2: two). The lanes' order does not matter:
- * maxima, minima and counts are exact, and the sum is certified for any order (certified_mean). Compares
- * give -1 / 0 per lane. A run's last partial vector is padded with NaN, which no selection keeps. */
-typedef float lanes_f __attribute__((vector_size(64)));
-typedef int32_t lanes_i __attribute__((vector_size(64)));
-typedef double half_d __attribute__((vector_size(64)));
-#define LANES 16
-#define NONE 0x7fffffff /* bits above every magnitude: the key of a lane left out of a minimum */
-#define ALWAYS_INLINE static inline __attribute__((always_inline)) /* one copy per selection constant */
-
-/* These static helpers inline; GCC's note that 64-byte vector arguments pass differently without AVX-512
- * (AVX2-only machines) concerns exported functions only. */
-#pragma GCC diagnostic ignored "-Wpsabi"
-
-static inline lanes_i lanes_min(lanes_i a, lanes_i b) { lanes_i m = a < b; return (a & m) | (b & ~m); }
-static inline lanes_i lanes_max(lanes_i a, lanes_i b) { lanes_i m = a > b; return (a & m) | (b & ~m); }
-static inline lanes_i lanes_of(int32_t v) { return (lanes_i){0} + v; }
-static inline lanes_i lanes_load(const float *x) { lanes_i v; memcpy(&v, x, sizeof v); return v; }
-
-/* The lanes' max / min / sum: halves folded onto each other, lane 0 holding the result. */
-static inline lanes_i lanes_add(lanes_i a, lanes_i b) { return a + b; }
-#define LANES_FOLD(NAME, OP) \
-    static inline int32_t NAME(lanes_i v) { \
-        v = OP(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7)); \
-        v = OP(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3)); \
-        v = OP(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1)); \
-        v = OP(v, __builtin_shufflevector(v, v, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0)); \
-        return v[0]; \
-    }
-LANES_FOLD(lanes_max_of, lanes_max)
-LANES_FOLD(lanes_min_of, lanes_min)
-LANES_FOLD(lanes_sum_of, lanes_add)
-
-/* The last length < 16 elements of a run, padded with NaN (a call: kept out of the loops' bodies). */
-static lanes_i lanes_load_tail(const float *x, int64_t length) {
-    lanes_i v = lanes_of(0x7fc00000);
-    memcpy(&v, x, (size_t)length * sizeof(float));
-    return v;
-}
 
 /* The bits of the magnitude a selection keeps, 0 for an element it leaves out (binary.masked_mean's `kept`),
  * and the selection mask: mean_abs keeps every non-NaN (inf as 0), the unipolar scale the finite positives,
@@ -124,8 +84,6 @@ ALWAYS_INLINE void stats_run_tops(const stats_job *job, int select, const float 
     job->count[s] += lanes_sum_of(a[0].count);
 }
 
-static inline half_d lanes_low(lanes_f v) { return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), half_d); }
-static inline half_d lanes_high(lanes_f v) { return __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), half_d); }
 
 /* Pass 2 over one group's run: the terms f32(kept / unit) (a float32 division, as eager's) into four
  * float64 accumulators; the divisions bound the speed. */
@@ -385,65 +343,6 @@ void lb_sign_elements_f32(const float *x, float *out, int64_t outer, int64_t gro
     element_job job = {x, out, groups, inner, kind, delta, value};
     int64_t grain = groups == 1 ? 16 : (inner > 1 ? inner : groups);
     lb_parallel(outer * groups * inner, grain, threads, element_range, &job);
-}
-
-/* ---------------------------------------------------------------- binary_residual ---------------------- */
-
-#define RESIDUAL_MAX_POINTS 32
-
-typedef struct {
-    const float *x;
-    float *out;
-    int points;
-    float thresholds[RESIDUAL_MAX_POINTS], values[RESIDUAL_MAX_POINTS + 1];
-} residual_job;
-
-/* The nearest value: values[the number of exact midpoints <= x]. A rounded midpoint m whose exact one lies
- * above it counts only when x > m, i.e. x >= the next float32 above m (the thresholds below). The exact
- * midpoints ascend, so x >= threshold p holds for p = 0 .. index - 1 and fails after: picking values[p + 1]
- * wherever it holds, point by point, leaves values[index] (selects on sixteen lanes, no table lookup). NaN
- * passes no threshold, and is put back at the end. */
-ALWAYS_INLINE void residual_lanes(const residual_job *job, int points, int64_t begin, int64_t end) {
-    lanes_f thresholds[RESIDUAL_MAX_POINTS], values[RESIDUAL_MAX_POINTS + 1];
-    for (int p = 0; p < points; p++) thresholds[p] = (lanes_f){0} + job->thresholds[p];
-    for (int p = 0; p <= points; p++) values[p] = (lanes_f){0} + job->values[p];
-    for (int64_t i = begin; i < end; i += LANES) {
-        lanes_f v, result = values[0];
-        int64_t length = end - i < LANES ? end - i : LANES;
-        if (length == LANES) memcpy(&v, job->x + i, sizeof v);
-        else v = (lanes_f)lanes_load_tail(job->x + i, length);
-        for (int p = 0; p < points; p++) {
-            lanes_i past = v >= thresholds[p];
-            result = (lanes_f)(((lanes_i)values[p + 1] & past) | ((lanes_i)result & ~past));
-        }
-        lanes_i nan = v != v;
-        result = (lanes_f)(((lanes_i)v & nan) | ((lanes_i)result & ~nan));
-        if (length == LANES) memcpy(job->out + i, &result, sizeof result);
-        else memcpy(job->out + i, &result, (size_t)length * sizeof(float));
-    }
-}
-
-static void residual_range(const void *context, int64_t begin, int64_t end) {
-    const residual_job *job = context;
-    switch (job->points) { /* the common grids with a constant count (levels 1 and 2: 1 and 3 points) */
-    case 1: residual_lanes(job, 1, begin, end); break;
-    case 3: residual_lanes(job, 3, begin, end); break;
-    default: residual_lanes(job, job->points, begin, end); break;
-    }
-}
-
-/* points <= RESIDUAL_MAX_POINTS midpoints (ascending), points + 1 values. */
-void lb_residual_f32(const float *x, float *out, int64_t n, int points, const float *midpoints,
-                     const int *above, const float *values, int threads) {
-    residual_job job;
-    job.x = x, job.out = out, job.points = points;
-    for (int p = 0; p < points; p++) { /* the next float32 up where the exact midpoint lies above (m finite) */
-        uint32_t bits = lb_bits(midpoints[p]);
-        if (above[p]) bits = bits == 0x80000000u ? 1u : (bits >> 31 ? bits - 1 : bits + 1);
-        job.thresholds[p] = lb_float(bits);
-    }
-    for (int p = 0; p <= points; p++) job.values[p] = values[p];
-    lb_parallel(n, 16, threads, residual_range, &job);
 }
 
 /* ---------------------------------------------------------------- whole formats ------------------------ */
