@@ -1,6 +1,6 @@
 /* Sixteen float / int32 lanes in GCC vector types (AVX-512: one register; AVX2: two), shared by the sign
- * kernels (sign.c) and binary_residual (residual.c). Portable to GCC 9+ and clang: lane shuffles through
- * __builtin_shuffle (GCC) or __builtin_shufflevector (clang), halves through memcpy. */
+ * kernels (sign.c) and binary_residual (residual.c). Portable to GCC 9+ and clang: __builtin_shufflevector
+ * where the compiler has it (clang, GCC 12+), else __builtin_shuffle and halves through memcpy. */
 #ifndef LOWBIT_LANES_H
 #define LOWBIT_LANES_H
 
@@ -21,7 +21,7 @@ typedef double half_d __attribute__((vector_size(64)));
  * (AVX2-only machines) concerns exported functions only. */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-#if defined(__clang__)
+#if defined(__clang__) || __GNUC__ >= 12
 #define LANES_SHUFFLE(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
 #else
 #define LANES_SHUFFLE(v, ...) __builtin_shuffle(v, (lanes_i){__VA_ARGS__})
@@ -53,7 +53,12 @@ static __attribute__((noinline, unused)) lanes_i lanes_load_tail(const float *x,
     return v;
 }
 
-/* The low / high eight lanes widened to double. */
+/* The low / high eight lanes widened to double (halves by memcpy where __builtin_shufflevector is missing:
+ * GCC before 12; a few per cent slower there). */
+#if defined(__clang__) || __GNUC__ >= 12
+static inline half_d lanes_low(lanes_f v) { return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), half_d); }
+static inline half_d lanes_high(lanes_f v) { return __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), half_d); }
+#else
 static inline half_d lanes_low(lanes_f v) {
     half_f half;
     memcpy(&half, &v, sizeof half);
@@ -64,5 +69,6 @@ static inline half_d lanes_high(lanes_f v) {
     memcpy(&half, (const char *)&v + sizeof half, sizeof half);
     return __builtin_convertvector(half, half_d);
 }
+#endif
 
 #endif
