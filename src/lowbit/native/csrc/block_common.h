@@ -225,9 +225,22 @@ LB_INLINE int block_exponent(const float *restrict x, int64_t length, int signif
 #define LB_GROUP_OF(name, JOB, PARAM, STAT) \
     LB_INLINE void name(const JOB *job, int64_t first, const float *restrict x, int64_t count, int64_t length, \
                         PARAM *params, int mode) { \
-        for (int64_t item = 0; item < count; item++) \
-            params[item] = STAT(job, first + item, x + item * length, length, mode); \
+        LB_GROUP_BY_STAT(STAT, job, first, x, count, length, params, mode); \
     }
+
+/* For a GROUP of its own: STAT block after block for every block, or (LB_GROUP_REDO) for the blocks whose
+ * usual[item] is 0 (those its loop across the group left out). */
+#define LB_GROUP_BY_STAT(STAT, job, first, x, count, length, params, mode) \
+    for (int64_t item_ = 0; item_ < (count); item_++) \
+        (params)[item_] = STAT(job, (first) + item_, (x) + item_ * (length), length, mode)
+#define LB_GROUP_REDO(STAT, job, first, x, count, length, params, mode, usual) \
+    for (int64_t item_ = 0; item_ < (count); item_++) \
+        if (!(usual)[item_]) (params)[item_] = STAT(job, (first) + item_, (x) + item_ * (length), length, mode)
+
+/* Each block's largest magnitude bits among those <= limit (abs_max_bits_upto), for a GROUP of its own. */
+LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t length, int32_t limit, int32_t *largest) {
+    for (int64_t item = 0; item < count; item++) largest[item] = abs_max_bits_upto(x + item * length, length, limit);
+}
 
 #define LB_STAT_APPLY(job, index, x, out, length, PARAM, STAT, APPLY, MODE) \
     do { \

@@ -118,8 +118,7 @@ LB_INLINE void block_log_group(const block_log_job *job, int64_t first, const fl
                                int64_t length, block_log_params *params, int mode) {
     int32_t largest[LB_GROUP_BLOCKS], usual[LB_GROUP_BLOCKS], all_usual = 1;
     int top_code = job->top_code, max_bias = job->max_bias, nearest = mode == LB_NEAREST_EVEN && !job->log_domain;
-    for (int64_t item = 0; item < count; item++)
-        largest[item] = abs_max_bits_upto(x + item * length, length, 0x7fffffff); /* NaN and inf included */
+    group_maxima(x, count, length, 0x7fffffff, largest); /* NaN and inf included */
     for (int64_t item = 0; item < count; item++) {
         int32_t bits = largest[item];
         int ceil_log2 = (bits >> 23) - 127 + ((bits & 0x007fffff) != 0); /* floor_log2, +1 off a power of two */
@@ -131,9 +130,7 @@ LB_INLINE void block_log_group(const block_log_job *job, int64_t first, const fl
         params[item].max_exponent = top_code - bias;
         params[item].nearest = nearest ? (-bias >= -126 ? 1 : 2) : 0; /* min_exponent - 1 >= -126 */
     }
-    if (LB_LIKELY(all_usual)) return;
-    for (int64_t item = 0; item < count; item++)
-        if (!usual[item]) params[item] = block_log_stat(job, first + item, x + item * length, length, mode);
+    if (!LB_LIKELY(all_usual)) LB_GROUP_REDO(block_log_stat, job, first, x, count, length, params, mode, usual);
 }
 
 #define BLOCK_LOG_LOOP(MODE) \

@@ -114,13 +114,11 @@ LB_INLINE void block_fp_group(const block_fp_job *job, int64_t first, const floa
                               int64_t length, block_fp_params *params, int mode) {
     int m = job->mantissa_bits, min_exponent = job->min_exponent, max_exponent = job->max_exponent;
     if (mode != LB_NEAREST_EVEN || !job->in_float || m > 23) {
-        for (int64_t item = 0; item < count; item++)
-            params[item] = block_fp_stat(job, first + item, x + item * length, length, mode);
+        LB_GROUP_BY_STAT(block_fp_stat, job, first, x, count, length, params, mode);
         return;
     }
     int32_t largest[LB_GROUP_BLOCKS], usual[LB_GROUP_BLOCKS], all_usual = 1;
-    for (int64_t item = 0; item < count; item++)
-        largest[item] = abs_max_bits_upto(x + item * length, length, 0x7f800000); /* inf, not NaN */
+    group_maxima(x, count, length, 0x7f800000, largest); /* inf, not NaN */
     int32_t parity_mask = m > 1, bias = (1 << (23 - m)) - parity_mask;
     for (int64_t item = 0; item < count; item++) {
         int32_t bits = largest[item];
@@ -132,9 +130,7 @@ LB_INLINE void block_fp_group(const block_fp_job *job, int64_t first, const floa
         params[item].inverse = lb_float((uint32_t)(127 - power) << 23);
         params[item].power = power;
     }
-    if (LB_LIKELY(all_usual)) return;
-    for (int64_t item = 0; item < count; item++)
-        if (!usual[item]) params[item] = block_fp_stat(job, first + item, x + item * length, length, mode);
+    if (!LB_LIKELY(all_usual)) LB_GROUP_REDO(block_fp_stat, job, first, x, count, length, params, mode, usual);
 }
 
 #define BLOCK_FP_LOOP(MODE) \
@@ -198,13 +194,11 @@ LB_INLINE void block_minifloat_group(const block_minifloat_job *job, int64_t fir
                                      int64_t count, int64_t length, minifloat_params *params, int mode) {
     int m = job->mantissa_bits, min_shared = job->min_shared, max_shared = job->max_shared;
     if (mode != LB_NEAREST_EVEN || !job->in_float || m + 1 > 23) {
-        for (int64_t item = 0; item < count; item++)
-            params[item] = block_minifloat_stat(job, first + item, x + item * length, length, mode);
+        LB_GROUP_BY_STAT(block_minifloat_stat, job, first, x, count, length, params, mode);
         return;
     }
     int32_t largest[LB_GROUP_BLOCKS], usual[LB_GROUP_BLOCKS], all_usual = 1;
-    for (int64_t item = 0; item < count; item++)
-        largest[item] = abs_max_bits_upto(x + item * length, length, 0x7f800000); /* inf, not NaN */
+    group_maxima(x, count, length, 0x7f800000, largest); /* inf, not NaN */
     int32_t parity_mask = m > 0, bias = (1 << (22 - m)) - parity_mask; /* significand_bits m + 1 */
     float top_significand = 2.0f - pow2_float(-m);
     for (int64_t item = 0; item < count; item++) {
@@ -215,9 +209,7 @@ LB_INLINE void block_minifloat_group(const block_minifloat_job *job, int64_t fir
         params[item].shared = shared;
         params[item].limit = top_significand * lb_float((uint32_t)(shared + 127) << 23); /* pow2_float(shared) */
     }
-    if (LB_LIKELY(all_usual)) return;
-    for (int64_t item = 0; item < count; item++)
-        if (!usual[item]) params[item] = block_minifloat_stat(job, first + item, x + item * length, length, mode);
+    if (!LB_LIKELY(all_usual)) LB_GROUP_REDO(block_minifloat_stat, job, first, x, count, length, params, mode, usual);
 }
 
 #define BLOCK_MINIFLOAT_LOOP(MODE) \
