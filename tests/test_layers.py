@@ -167,3 +167,23 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130():
     _, stderr = process.communicate(timeout=120)
     assert "Traceback" not in stderr, stderr[-2000:]
     assert process.returncode == 130 and stderr.strip() == "lowbit: interrupted", (process.returncode, stderr)
+
+
+def test_ctrl_c_at_any_moment_is_one_line_and_130_or_the_finished_answer():
+    """Delays across start-up, the command and the interpreter's shutdown: a Ctrl-C that a dependency's import
+    swallowed, or that came once the answer was given, must not end in a traceback, an error line or death by
+    the signal (status -2)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    for delay in (0.2, 0.3, 0.4, 0.5, 0.7, 1.0, 1.2):
+        process = subprocess.Popen([sys.executable, "-m", "lowbit", "formats"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(delay)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+        interrupted = (process.returncode, stderr.strip()) == (130, "lowbit: interrupted")
+        finished = process.returncode == 0 and stderr.strip() == "" and "integer" in stdout
+        assert interrupted or finished, (delay, process.returncode, stderr[-2000:])

@@ -2,7 +2,7 @@
 
 import sys
 
-from lowbit.cli import main
+from lowbit.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

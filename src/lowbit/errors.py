@@ -22,6 +22,10 @@ class ConfigError(LowbitError, ValueError):
     """A configuration (pass_args, TOML, statistics file) is missing a key or has a bad one."""
 
 
+class UsageError(LowbitError):
+    """Bad command-line arguments (the CLI's exit status 2)."""
+
+
 class ReportError(ConfigError):
     """The quantization report cannot compare the models it was given (layers that do not match, no data)."""
 

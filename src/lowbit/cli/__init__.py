@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
-from lowbit.errors import ConfigError, FormatError, LowbitError
+from lowbit.errors import ConfigError, FormatError, LowbitError, UsageError
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -29,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
-        from lowbit.cli.parser import UsageError, build_parser
+        from lowbit.cli.parser import build_parser
 
         args = build_parser().parse_args(argv)
         with _messages(args):
@@ -48,9 +49,39 @@ def main(argv: Sequence[str] | None = None) -> int:
                      error, EXIT_FAILURE)  # fmt: skip
 
 
+def run() -> int:
+    """The ``lowbit`` program (console script and ``python -m lowbit``): ``main`` with Ctrl-C recorded as it
+    arrives. A Ctrl-C always ends in the one line and status 130, even where a dependency's import swallowed
+    the KeyboardInterrupt (a bare ``except``) or saw it pass through C code (Python would then end the process
+    by the signal at exit), and one that comes while the interpreter shuts down is ignored (Python puts the
+    default action back there, which killed the process whatever ``main`` had answered). ``main`` itself,
+    called from Python, leaves the caller's handlers alone."""
+    signal.signal(signal.SIGINT, _record_interrupt)
+    status = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not _interrupt["seen"]:
+        return status
+    if status != EXIT_INTERRUPTED:
+        print("lowbit: interrupted", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)  # no exit handlers after a Ctrl-C: the user asked to stop
+
+
+_interrupt = {"seen": False}
+
+
+def _record_interrupt(signum: int, frame: object) -> None:
+    _interrupt["seen"] = True
+    raise KeyboardInterrupt
+
+
 def _fail(message: str, debug: bool, error: BaseException, status: int) -> int:
     if debug:
         raise error
+    if _interrupt["seen"]:  # the failure of an import a Ctrl-C cut short: report the interrupt instead
+        print("lowbit: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     first_line = " ".join(message.split()) if message else type(error).__name__
     print(f"lowbit: error: {first_line}", file=sys.stderr)
     return status

@@ -7,7 +7,7 @@ from typing import NoReturn
 
 from lowbit.cli.arguments import add_verbosity, parse_bool
 from lowbit.config.options import OPTIONS
-from lowbit.errors import LowbitError
+from lowbit.errors import UsageError  # re-exported: it lives in lowbit.errors (the CLI catches it unimported)
 
 RUN_COMMANDS = {
     "train": "train a built-in model (or a transformed one: quantization-aware training) with Lightning",
@@ -15,10 +15,6 @@ RUN_COMMANDS = {
     "transform": "run the [passes.*] of a config (profile, quantize, calibrate, report ...) and save the result",
     "report": "quantization report of a config's transform: per-layer error, bits, sensitivity, HTML",
 }
-
-
-class UsageError(LowbitError):
-    """Bad command-line arguments."""
 
 
 class _Parser(argparse.ArgumentParser):
