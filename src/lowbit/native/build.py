@@ -185,7 +185,19 @@ def _flag_choices() -> list[list[str]]:
     """Flag sets to try in order: with OpenMP first where torch's pool can be shared, each with -march=native
     first."""
     threading_choices = [OPENMP_FLAGS, []] if openmp_wanted() else [[]]
-    return [BASE_FLAGS + arch + extra for extra in threading_choices for arch in ARCH_FLAGS]
+    return [BASE_FLAGS + arch + extra for extra in threading_choices for arch in arch_choices()]
+
+
+def arch_choices() -> list[list[str]]:
+    """-march=native then none; ``$LOWBIT_NATIVE_MARCH`` (say ``x86-64-v3``: AVX2 without AVX-512) builds for
+    that target instead, to run another CPU class's code on this one (a target this CPU cannot run fails
+    its first call: the variable is for tests and benchmarks)."""
+    target = os.environ.get("LOWBIT_NATIVE_MARCH", "").strip()
+    if not target:
+        return ARCH_FLAGS
+    if not all(character.isalnum() or character in "-_." for character in target):
+        raise ValueError(f"LOWBIT_NATIVE_MARCH={target!r} is not a compiler target name")
+    return [[f"-march={target}"]]
 
 
 def openmp_wanted() -> bool:
