@@ -72,6 +72,25 @@ def test_a_failing_compiler_is_reported_and_the_eager_path_answers(fresh_cache, 
         backend.set_backend("eager")
 
 
+def test_a_named_target_replaces_march_native(fresh_cache, monkeypatch, tmp_path):
+    """LOWBIT_NATIVE_MARCH builds another CPU class's code (the CI job for AVX2-only machines): the compiler
+    is asked for that target only, and a malformed name is refused before any compiler runs."""
+    log = tmp_path / "arguments"
+    fake = tmp_path / "fakecc"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\necho 'fakecc: no' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setenv("LOWBIT_NATIVE_MARCH", "x86-64-v3")
+    assert build.ensure() is None
+    calls = [line for line in log.read_text().splitlines() if " -c " in f" {line} " or "-shared" in line]
+    assert calls and all("-march=x86-64-v3" in line and "-march=native" not in line for line in calls)
+    build.reset()
+    log.unlink()
+    monkeypatch.setenv("LOWBIT_NATIVE_MARCH", "native; rm -rf ~")
+    assert build.ensure() is None
+    assert "LOWBIT_NATIVE_MARCH" in build.error() and not log.exists()
+
+
 def test_lowbit_native_off_builds_nothing(fresh_cache, monkeypatch):
     monkeypatch.setenv("LOWBIT_NATIVE", "0")
     assert build.ensure() is None and build.error() is None

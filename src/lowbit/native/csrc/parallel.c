@@ -12,6 +12,7 @@
 #include <fenv.h>
 #include <pthread.h>
 #include "common.h"
+#include "phases.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -140,3 +141,58 @@ void lb_parallel_from(int64_t n, int64_t grain, int threads, int64_t minimum, lb
 #endif
     lb_pthreads(n, per, threads, fn, context);
 }
+
+/* Phases over one split of [0, n) (lb_parallel's): fn(context, begin, end, phase) on every chunk for phase 0,
+ * 1, ...; between two phases, when every chunk is done, between(context, phase) on one thread, whose 0 ends
+ * the job. On torch's pool one region holds every phase, with barriers between them: a region costs two or
+ * three times a barrier and a single section (3.5 against 1.1-1.6 us, 2 threads, Zen 5). Returns 1 when
+ * every phase ran. */
+typedef struct {
+    lb_phase_fn fn;
+    void *context;
+    int phase;
+} lb_phase_call;
+
+static void lb_run_phase(const void *argument, int64_t begin, int64_t end) {
+    const lb_phase_call *call = argument;
+    call->fn(call->context, begin, end, call->phase);
+}
+
+int lb_parallel_phases(int64_t n, int64_t grain, int threads, int phases, lb_phase_fn fn, lb_between_fn between,
+                       void *context) {
+    if (grain < 1) grain = 1;
+    if (threads > LB_MAX_THREADS) threads = LB_MAX_THREADS;
+    int64_t minimum = lb_threads_from_override ? lb_threads_from_override : LB_OPENMP_FROM;
+#ifdef _OPENMP
+    if (lb_uses_openmp() && threads > 1 && n >= minimum) {
+        int64_t units = (n + grain - 1) / grain, per = (units + threads - 1) / threads * grain;
+        int complete = 1;
+        lb_float_state caller;
+        lb_save_state(&caller);
+#pragma omp parallel num_threads(threads)
+        {
+            int64_t begin = (int64_t)omp_get_thread_num() * per, end = begin + per < n ? begin + per : n;
+            lb_float_state own;
+            lb_save_state(&own);
+            lb_load_state(&caller);
+            for (int phase = 0; phase < phases; phase++) {
+                if (begin < n) fn(context, begin, end, phase);
+                if (phase + 1 == phases) break;
+#pragma omp barrier
+#pragma omp single
+                complete = between(context, phase);
+                if (!complete) break; /* every thread reads it after the single's barrier */
+            }
+            lb_load_state(&own);
+        }
+        return complete;
+    }
+#endif
+    for (int phase = 0; phase < phases; phase++) {
+        lb_phase_call call = {fn, context, phase};
+        lb_parallel(n, grain, threads, lb_run_phase, &call);
+        if (phase + 1 < phases && !between(context, phase)) return 0;
+    }
+    return 1;
+}
+

@@ -1,5 +1,5 @@
-/* binary_residual (formats/binary.py): the nearest of a few values against their midpoints, sixteen lanes at
- * a time (lanes.h). */
+/* binary_residual (formats/binary.py): the nearest of a few values against their midpoints, a vector of lanes
+ * at a time (lanes.h). */
 #include "lanes.h"
 
 #define RESIDUAL_MAX_POINTS 32
@@ -14,12 +14,12 @@ typedef struct {
 /* The nearest value: values[the number of exact midpoints <= x]. A rounded midpoint m whose exact one lies
  * above it counts only when x > m, i.e. x >= the next float32 above m (the thresholds below). The exact
  * midpoints ascend, so x >= threshold p holds for p = 0 .. index - 1 and fails after: picking values[p + 1]
- * wherever it holds, point by point, leaves values[index] (selects on sixteen lanes, no table lookup). NaN
+ * wherever it holds, point by point, leaves values[index] (selects on whole vectors, no table lookup). NaN
  * passes no threshold, and is put back at the end. */
 ALWAYS_INLINE void residual_lanes(const residual_job *job, int points, int64_t begin, int64_t end) {
     lanes_f thresholds[RESIDUAL_MAX_POINTS], values[RESIDUAL_MAX_POINTS + 1];
-    for (int p = 0; p < points; p++) thresholds[p] = (lanes_f){0} + job->thresholds[p];
-    for (int p = 0; p <= points; p++) values[p] = (lanes_f){0} + job->values[p];
+    for (int p = 0; p < points; p++) thresholds[p] = lanes_float(job->thresholds[p]);
+    for (int p = 0; p <= points; p++) values[p] = lanes_float(job->values[p]);
     for (int64_t i = begin; i < end; i += LANES) {
         lanes_f v, result = values[0];
         int64_t length = end - i < LANES ? end - i : LANES;

@@ -12,6 +12,8 @@
  * the caller takes the eager path. */
 #include <stdlib.h>
 #include "lanes.h"
+#include "phases.h"
+#include "sign.h"
 
 /* ---------------------------------------------------------------- group statistics --------------------- */
 
@@ -90,7 +92,7 @@ ALWAYS_INLINE void stats_run_tops(const stats_job *job, int select, const float 
 ALWAYS_INLINE void stats_run_sums(const stats_job *job, int select, const float *x, int64_t length, int64_t group,
                                   int64_t s) {
     lanes_i delta = lanes_of((int32_t)lb_bits(job->delta[group])), count = lanes_of(0);
-    lanes_f unit = (lanes_f){0} + job->unit[group];
+    lanes_f unit = lanes_float(job->unit[group]);
     half_d sum0 = {0}, sum1 = {0}, sum2 = {0}, sum3 = {0};
     int64_t i = 0;
     for (; i + 2 * LANES <= length; i += 2 * LANES) {
@@ -107,7 +109,9 @@ ALWAYS_INLINE void stats_run_sums(const stats_job *job, int select, const float 
         count -= selected;
     }
     half_d total = (sum0 + sum1) + (sum2 + sum3);
-    job->sum[s] += ((total[0] + total[1]) + (total[2] + total[3])) + ((total[4] + total[5]) + (total[6] + total[7]));
+    double whole = 0.0;
+    for (int k = 0; k < LANES / 2; k++) whole += total[k];
+    job->sum[s] += whole;
     if (select == SELECT_ABOVE) job->count[s] += lanes_sum_of(count);
 }
 
@@ -191,9 +195,14 @@ typedef struct {
     float *positive;
 } group_stats;
 
-static int stats_open(group_stats *stats, const float *x, int64_t outer, int64_t groups, int64_t inner) {
+static int stats_open(group_stats *stats, const float *x, int64_t outer, int64_t groups, int64_t inner, int threads) {
     int64_t n = outer * groups * inner, piece = PIECE, pieces = (n + piece - 1) / piece;
     while (pieces * groups > (1 << 20)) piece *= 2, pieces = (n + piece - 1) / piece;
+    if (threads > 1 && pieces > 1 && pieces % threads) { /* as many pieces on each thread (3 pieces on 2 threads: 2 and 1) */
+        pieces += threads - pieces % threads;
+        piece = ((n + pieces - 1) / pieces + 4 * LANES - 1) / (4 * LANES) * (4 * LANES);
+        pieces = (n + piece - 1) / piece;
+    }
     if (outer == 1 && groups > 1) { /* each group one run: pieces of whole groups, one slot per group */
         piece = (PIECE + inner - 1) / inner * inner, pieces = 1;
     }
@@ -213,15 +222,11 @@ static int stats_open(group_stats *stats, const float *x, int64_t outer, int64_t
     return 1;
 }
 
-/* Pass 1 over the selection (SELECT_NOT_NAN or SELECT_POSITIVE): unit[g] = the group's largest kept
- * magnitude, or 1 where it is 0; the largest itself into top[g] (each array: one float per group); the count
- * and the smallest positive kept magnitude kept in `stats` for stats_means. */
-static void stats_tops(group_stats *stats, int select, float *top, float *unit, int threads) {
+/* Pass 1's result per group (SELECT_NOT_NAN or SELECT_POSITIVE): unit[g] = the group's largest kept magnitude,
+ * or 1 where it is 0; the largest itself into top[g] (each array: one float per group); the count and the
+ * smallest positive kept magnitude kept in `stats` for stats_means. */
+static void stats_tops(group_stats *stats, float *top, float *unit) {
     stats_job *job = &stats->job;
-    int64_t slots = job->pieces * job->groups;
-    for (int64_t s = 0; s < slots; s++) job->top[s] = 0, job->positive[s] = NONE, job->count[s] = 0;
-    job->select = select, job->pass = 1;
-    lb_parallel(job->n, job->piece, threads, stats_range, job);
     for (int64_t g = 0; g < job->groups; g++) {
         int32_t high = 0, positive = NONE;
         int64_t count = 0;
@@ -253,16 +258,12 @@ static int certified_mean(double sum, int64_t count, int64_t depth, float least,
     return 1;
 }
 
-/* Pass 2: mean[g] = binary.masked_mean of the selection, from the groups' tops and units of pass 1 (for
- * SELECT_ABOVE those of SELECT_NOT_NAN: the same wherever something is above delta). 0 when a mean is not
- * certain, or is 0 over a nonempty selection (eager paths then differ in the sign of zeros). */
-static int stats_means(group_stats *stats, int select, const float *delta, const float *unit, float *mean,
-                       int zero_ok, int threads) {
+/* Pass 2's result: mean[g] = binary.masked_mean of the selection, from the groups' tops and units of pass 1
+ * (for SELECT_ABOVE those of SELECT_NOT_NAN: the same wherever something is above delta). 0 when a mean is
+ * not certain, or is 0 over a nonempty selection (eager paths then differ in the sign of zeros). */
+static int stats_means(group_stats *stats, float *mean, int zero_ok) {
     stats_job *job = &stats->job;
-    int64_t slots = job->pieces * job->groups;
-    for (int64_t s = 0; s < slots; s++) job->sum[s] = 0.0, job->count[s] = 0;
-    job->select = select, job->pass = 2, job->delta = delta, job->unit = unit;
-    lb_parallel(job->n, job->piece, threads, stats_range, job);
+    int select = job->select;
     int64_t depth = (job->n < job->piece ? job->n : job->piece) + job->pieces;
     for (int64_t g = 0; g < job->groups; g++) {
         double total = 0.0;
@@ -274,128 +275,120 @@ static int stats_means(group_stats *stats, int select, const float *delta, const
         /* a lower bound of the positive terms (division by unit > 0 is monotone): the smallest positive kept
          * magnitude's, or for SELECT_ABOVE delta's (every kept one is above it); 0 where it underflows, whose
          * quantum below is float32's smallest, of which every float is a multiple */
-        float least = (select == SELECT_ABOVE ? delta[g] : stats->positive[g]) / unit[g];
+        float least = (select == SELECT_ABOVE ? job->delta[g] : stats->positive[g]) / job->unit[g];
         if (count == 0) mean[g] = 0.0f;
-        else if (!certified_mean(total, count, depth, least, unit[g], &mean[g])) return 0;
+        else if (!certified_mean(total, count, depth, least, job->unit[g], &mean[g])) return 0;
         if (!zero_ok && count > 0 && mean[g] == 0.0f) return 0;
     }
     return 1;
 }
 
-/* ---------------------------------------------------------------- element passes ----------------------- */
+/* ---------------------------------------------------------------- whole formats ------------------------ */
 
-enum { ELEMENT_TERNARY, ELEMENT_BIPOLAR, ELEMENT_UNIPOLAR };
+/* A format as phases over one split of x (lb_parallel_phases): the groups' tops, one or two means, then the
+ * element pass. Between phases, one thread reduces the pieces' slots and readies the next phase. */
+enum { STEP_TOPS, STEP_MEAN, STEP_TWN_DELTA, STEP_ELEMENTS }; /* STEP_TWN_DELTA: a mean, then delta = 0.75 mean */
 
 typedef struct {
-    const float *x;
-    float *out;
-    int64_t groups, inner;
-    int kind;
-    const float *delta, *value; /* per group: ternary threshold; the scale (1 unscaled) */
-} element_job;
+    group_stats stats;
+    element_job elements;
+    int steps[4], selects[4], count;
+    float *delta, *value, *top, *unit, *mean;
+} sign_plan;
 
-static inline float element_value(float v, int kind, float delta, float value) {
-    float result;
-    if (kind == ELEMENT_TERNARY) /* ((x > delta) - (x < -delta)) * value, for a value >= 0: +-value or +0 */
-        result = v > delta ? value : (v < -delta ? -1.0f * value : 0.0f);
-    else if (kind == ELEMENT_BIPOLAR)
-        result = v >= 0.0f ? value : -1.0f * value;
-    else
-        result = v > 0.0f ? value : 0.0f * value;
-    return v != v ? v : result;
-}
-
-#define ELEMENT_RUN(KIND) \
-    for (int64_t k = 0; k < length; k++) out[k] = element_value(x[k], KIND, job->delta[g], job->value[g])
-#define ELEMENT_ROW(KIND) \
-    for (int64_t k = 0; k < length; k++) out[k] = element_value(x[k], KIND, job->delta[g + k], job->value[g + k])
-
-static void element_range(const void *context, int64_t begin, int64_t end) {
-    const element_job *job = context;
-    for (int64_t i = begin; i < end;) {
-        int64_t g = (i / job->inner) % job->groups, length;
-        const float *x = job->x + i;
-        float *out = job->out + i;
-        if (job->groups == 1 || job->inner > 1) { /* one group over the run */
-            int64_t run_end = job->groups == 1 ? end : (i / job->inner + 1) * job->inner;
-            length = (run_end < end ? run_end : end) - i;
-            switch (job->kind) {
-            case ELEMENT_TERNARY: ELEMENT_RUN(ELEMENT_TERNARY); break;
-            case ELEMENT_BIPOLAR: ELEMENT_RUN(ELEMENT_BIPOLAR); break;
-            default: ELEMENT_RUN(ELEMENT_UNIPOLAR); break;
-            }
-        } else { /* inner == 1: consecutive elements, consecutive groups up to the row's end */
-            int64_t run_end = i - g + job->groups;
-            length = (run_end < end ? run_end : end) - i;
-            switch (job->kind) {
-            case ELEMENT_TERNARY: ELEMENT_ROW(ELEMENT_TERNARY); break;
-            case ELEMENT_BIPOLAR: ELEMENT_ROW(ELEMENT_BIPOLAR); break;
-            default: ELEMENT_ROW(ELEMENT_UNIPOLAR); break;
-            }
-        }
-        i += length;
+static void plan_start(sign_plan *plan, int phase) {
+    stats_job *job = &plan->stats.job;
+    int64_t slots = job->pieces * job->groups;
+    int step = plan->steps[phase];
+    if (step == STEP_ELEMENTS) return;
+    job->select = plan->selects[phase], job->pass = step == STEP_TOPS ? 1 : 2;
+    job->delta = plan->delta, job->unit = plan->unit;
+    for (int64_t s = 0; s < slots; s++) {
+        if (step == STEP_TOPS) job->top[s] = 0, job->positive[s] = NONE;
+        job->sum[s] = 0.0, job->count[s] = 0;
     }
 }
 
-/* kind: ELEMENT_*; delta and value: one float32 per group. */
-void lb_sign_elements_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, int kind,
-                          const float *delta, const float *value, int threads) {
-    element_job job = {x, out, groups, inner, kind, delta, value};
-    int64_t grain = groups == 1 ? 16 : (inner > 1 ? inner : groups);
-    lb_parallel(outer * groups * inner, grain, threads, element_range, &job);
+static void plan_phase(void *context, int64_t begin, int64_t end, int phase) {
+    sign_plan *plan = context;
+    if (plan->steps[phase] == STEP_ELEMENTS) lb_sign_element_range(&plan->elements, begin, end);
+    else stats_range(&plan->stats.job, begin, end);
 }
 
-/* ---------------------------------------------------------------- whole formats ------------------------ */
+/* After phase `phase`: its result per group, then the next phase's start; 0 where the eager path must run. */
+static int plan_between(void *context, int phase) {
+    sign_plan *plan = context;
+    int64_t groups = plan->stats.job.groups;
+    switch (plan->steps[phase]) {
+    case STEP_TOPS: stats_tops(&plan->stats, plan->top, plan->unit); break;
+    case STEP_TWN_DELTA:
+        if (!stats_means(&plan->stats, plan->mean, 1)) return 0;
+        for (int64_t g = 0; g < groups; g++) plan->delta[g] = 0.75f * plan->mean[g];
+        break;
+    default: /* STEP_MEAN: the scale; a zero one over a nonempty selection goes eager (ternary) */
+        if (!stats_means(&plan->stats, plan->value, plan->elements.kind != ELEMENT_TERNARY)) return 0;
+    }
+    plan_start(plan, phase + 1);
+    return 1;
+}
+
+static void plan_add(sign_plan *plan, int step, int select) {
+    plan->steps[plan->count] = step, plan->selects[plan->count] = select, plan->count++;
+}
+
+/* Runs the plan's steps (the element pass added last) over x; frees what it allocated. */
+static int plan_run(sign_plan *plan, int64_t outer, int64_t groups, int64_t inner, int threads) {
+    int64_t n = outer * groups * inner, grain = 16;
+    int ok = 1;
+    plan_add(plan, STEP_ELEMENTS, 0);
+    if (plan->count > 1) {
+        ok = stats_open(&plan->stats, plan->elements.x, outer, groups, inner, threads);
+        grain = plan->stats.job.piece;
+        plan->stats.job.groups = groups;
+    }
+    if (ok) {
+        plan_start(plan, 0);
+        ok = lb_parallel_phases(n, grain, threads, plan->count, plan_phase, plan_between, plan);
+    }
+    free(plan->stats.memory), free(plan->delta);
+    return ok;
+}
+
+/* Per-group arrays delta, value, top, unit, mean and the element pass's job; 0 when out of memory. */
+static int plan_open(sign_plan *plan, const float *x, float *out, int64_t groups, int64_t inner, int kind) {
+    float *arrays = calloc(5 * (size_t)groups, sizeof(float));
+    *plan = (sign_plan){.stats = {.memory = NULL}};
+    if (!arrays) return 0;
+    plan->delta = arrays, plan->value = arrays + groups, plan->top = arrays + 2 * groups;
+    plan->unit = arrays + 3 * groups, plan->mean = arrays + 4 * groups;
+    plan->elements = (element_job){x, out, groups, inner, kind, plan->delta, plan->value};
+    return 1;
+}
 
 /* formats/ternary.py: delta = threshold (fixed) or 0.75 mean |x| per group (TWN); the value is the given
  * alpha[g], the TWN scale (scaled) or 1. Returns 1, or 0 where the eager path must run (see stats_means). */
 int lb_ternary_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, int fixed,
                    float threshold, int scaled, const float *alpha, int threads) {
-    group_stats stats = {.memory = NULL};
-    int needs_stats = !fixed || (scaled && !alpha);
-    float *arrays = calloc(5 * (size_t)groups, sizeof(float));
-    if (!arrays || (needs_stats && !stats_open(&stats, x, outer, groups, inner))) { free(arrays); return 0; }
-    float *delta = arrays, *value = delta + groups, *top = value + groups, *unit = top + groups, *mean = unit + groups;
-    int ok = 1, have_tops = 0;
-    if (fixed) {
-        for (int64_t g = 0; g < groups; g++) delta[g] = threshold;
-    } else {
-        stats_tops(&stats, SELECT_NOT_NAN, top, unit, threads), have_tops = 1;
-        ok = stats_means(&stats, SELECT_NOT_NAN, delta, unit, mean, 1, threads);
-        for (int64_t g = 0; g < groups; g++) delta[g] = 0.75f * mean[g];
+    sign_plan plan;
+    if (!plan_open(&plan, x, out, groups, inner, ELEMENT_TERNARY)) return 0;
+    for (int64_t g = 0; g < groups; g++) {
+        plan.delta[g] = fixed ? threshold : 0.0f;
+        plan.value[g] = alpha ? alpha[g] : 1.0f;
     }
-    if (ok && alpha) {
-        for (int64_t g = 0; g < groups; g++) value[g] = alpha[g];
-    } else if (ok && scaled) {
-        if (!have_tops) stats_tops(&stats, SELECT_NOT_NAN, top, unit, threads);
-        ok = stats_means(&stats, SELECT_ABOVE, delta, unit, value, 0, threads);
-    } else {
-        for (int64_t g = 0; g < groups; g++) value[g] = 1.0f;
-    }
-    if (ok) lb_sign_elements_f32(x, out, outer, groups, inner, ELEMENT_TERNARY, delta, value, threads);
-    free(stats.memory), free(arrays);
-    return ok;
+    if (!fixed || (scaled && !alpha)) plan_add(&plan, STEP_TOPS, SELECT_NOT_NAN);
+    if (!fixed) plan_add(&plan, STEP_TWN_DELTA, SELECT_NOT_NAN);
+    if (scaled && !alpha) plan_add(&plan, STEP_MEAN, SELECT_ABOVE);
+    return plan_run(&plan, outer, groups, inner, threads);
 }
 
 /* formats/binary.py (deterministic): the value is the given alpha[g], mean |x| (bipolar) or the mean of the
  * finite positives (unipolar) per group when scaled, or 1. Returns 1, or 0 where the eager path must run. */
 int lb_binary_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, int bipolar,
                   int scaled, const float *alpha, int threads) {
-    group_stats stats = {.memory = NULL};
-    float *arrays = calloc(3 * (size_t)groups, sizeof(float));
-    if (!arrays || (scaled && !alpha && !stats_open(&stats, x, outer, groups, inner))) { free(arrays); return 0; }
-    float *value = arrays, *top = value + groups, *unit = top + groups;
-    int ok = 1, select = bipolar ? SELECT_NOT_NAN : SELECT_POSITIVE;
-    if (alpha) {
-        for (int64_t g = 0; g < groups; g++) value[g] = alpha[g];
-    } else if (scaled) {
-        stats_tops(&stats, select, top, unit, threads);
-        ok = stats_means(&stats, select, value, unit, value, 1, threads);
-    } else {
-        for (int64_t g = 0; g < groups; g++) value[g] = 1.0f;
-    }
-    if (ok) lb_sign_elements_f32(x, out, outer, groups, inner, bipolar ? ELEMENT_BIPOLAR : ELEMENT_UNIPOLAR,
-                                 value, value, threads);
-    free(stats.memory), free(arrays);
-    return ok;
+    sign_plan plan;
+    int select = bipolar ? SELECT_NOT_NAN : SELECT_POSITIVE;
+    if (!plan_open(&plan, x, out, groups, inner, bipolar ? ELEMENT_BIPOLAR : ELEMENT_UNIPOLAR)) return 0;
+    for (int64_t g = 0; g < groups; g++) plan.value[g] = alpha ? alpha[g] : 1.0f;
+    if (scaled && !alpha) plan_add(&plan, STEP_TOPS, select), plan_add(&plan, STEP_MEAN, select);
+    return plan_run(&plan, outer, groups, inner, threads);
 }
