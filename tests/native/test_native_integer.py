@@ -150,6 +150,31 @@ def test_threads_on_large_tensors(name, params, several_threads):
     assert_bits_equal(got, spec.quantize(shaped.to(torch.bfloat16)), shaped)
 
 
+@pytest.mark.parametrize(
+    "name,params",
+    [("affine", {"bits": 4, "block_size": (1, 32), "power_of_two": True}), ("q4s", {"block_size": (1, 32)}),
+     ("affine", {"bits": 8, "block_size": (1, 16), "scale_dtype": "bf16"}),
+     ("affine", {"bits": 3, "block_size": (1, 64), "symmetric": True, "rounding": "down"})],
+)  # fmt: skip
+def test_whole_blocks_in_vectors_of_blocks(name, params, several_threads):
+    """Whole blocks along rows have their extremes reduced a vector of blocks at a time (min_max_lanes.h): every
+    block gets its own scale here (magnitudes from 2^-20 to 2^20, one sign only in some), one-sided, zero and
+    -0.0 blocks, infinities and NaN inside blocks, and a row count that leaves a remainder of single blocks."""
+    rows, columns = 67, 1024
+    x = torch.randn(rows, columns, generator=torch.Generator().manual_seed(6))
+    block = params["block_size"][1]
+    blocks = x.view(-1, block)
+    blocks *= torch.exp2(torch.arange(blocks.shape[0]) % 41 - 20.0).unsqueeze(1)
+    blocks[3::7] = blocks[3::7].abs()
+    blocks[5::11] = -blocks[5::11].abs()
+    blocks[9::13] = 0.0
+    blocks[10::13] = -0.0
+    x.view(-1)[123::997] = float("inf")
+    x.view(-1)[456::1009] = -float("inf")
+    x.view(-1)[789::1013] = float("nan")
+    assert_native_equals_eager(lowbit.get_format(name)(**params), x)
+
+
 def test_the_kernel_declines_what_it_does_not_cover():
     x = torch.randn(64, 64)
     assert lowbit.get_format("affine")(block_size=(8, 8))._native(x, torch.float32) is None  # 2D blocks

@@ -7,6 +7,7 @@
  * zero, per tensor, per channel, or per block of a row. */
 #include <stdlib.h>
 #include "affine_params.h"
+#include "min_max_lanes.h"
 
 /* ---- statistics ---------------------------------------------------------------------------------------- */
 static inline float finite_or_zero(float v) { return fabsf(v) <= FLT_MAX ? v : 0.0f; }
@@ -41,66 +42,6 @@ static void min_max(const float *x, int64_t n, float *low, float *high) {
 #undef LB_HALVE
     *low = lows[0] < *low ? lows[0] : *low;
     *high = highs[0] > *high ? highs[0] : *high;
-}
-
-/* min_max for n a multiple of 16 (blocks of 16, 32, ...), inlined where n is a constant: no tail, no call,
- * one vector register of lanes then halves. The order of the minima does not matter: every value is finite and
- * no lane ever holds -0.0 (they start at +0.0, and -0.0 < +0.0 is false), so min and max are exact in any
- * order. The vector is as wide as the target's registers (GCC lowers wider generic vectors through the
- * stack): 16 lanes with AVX-512, 8 with AVX, else 4. */
-#if defined(__AVX512F__)
-#define LB_LANES 16
-#elif defined(__AVX__)
-#define LB_LANES 8
-#else
-#define LB_LANES 4
-#endif
-typedef float lb_fv __attribute__((vector_size(4 * LB_LANES)));
-typedef int32_t lb_iv __attribute__((vector_size(4 * LB_LANES)));
-typedef float lb_f8 __attribute__((vector_size(32)));
-typedef int32_t lb_i8 __attribute__((vector_size(32)));
-typedef float lb_f4 __attribute__((vector_size(16)));
-typedef int32_t lb_i4 __attribute__((vector_size(16)));
-
-#define LB_SELECT(mask, yes, no, F, I) ((F)(((I)(yes) & (mask)) | ((I)(no) & ~(mask))))
-
-/* lanes -> half as many (the low half against the high half), down to 4 lanes */
-#define LB_FOLD(LOWS, HIGHS, F, I, FH, IH) \
-    FH LOWS##h, HIGHS##h; \
-    { \
-        FH low_parts[2], high_parts[2]; \
-        memcpy(low_parts, &LOWS, sizeof LOWS); \
-        memcpy(high_parts, &HIGHS, sizeof HIGHS); \
-        LOWS##h = LB_SELECT(low_parts[1] < low_parts[0], low_parts[1], low_parts[0], FH, IH); \
-        HIGHS##h = LB_SELECT(high_parts[1] > high_parts[0], high_parts[1], high_parts[0], FH, IH); \
-    }
-
-static inline __attribute__((always_inline)) void block_min_max(const float *restrict x, int64_t n, float *low,
-                                                                float *high) {
-    const lb_fv zero = {0};
-    lb_fv lows = zero, highs = zero, limit = zero + FLT_MAX;
-    for (int64_t i = 0; i < n; i += LB_LANES) {
-        lb_fv v;
-        memcpy(&v, x + i, sizeof v);
-        lb_fv magnitude = LB_SELECT((lb_iv)v < 0, -v, v, lb_fv, lb_iv); /* |v| for the finiteness test */
-        v = LB_SELECT(magnitude <= limit, v, zero, lb_fv, lb_iv); /* non-finite -> +0 */
-        lows = LB_SELECT(v < lows, v, lows, lb_fv, lb_iv);
-        highs = LB_SELECT(v > highs, v, highs, lb_fv, lb_iv);
-    }
-#if LB_LANES == 16
-    LB_FOLD(lows, highs, lb_fv, lb_iv, lb_f8, lb_i8)
-    LB_FOLD(lowsh, highsh, lb_f8, lb_i8, lb_f4, lb_i4)
-    lb_f4 lo4 = lowshh, hi4 = highshh;
-#elif LB_LANES == 8
-    LB_FOLD(lows, highs, lb_fv, lb_iv, lb_f4, lb_i4)
-    lb_f4 lo4 = lowsh, hi4 = highsh;
-#else
-    lb_f4 lo4 = lows, hi4 = highs;
-#endif
-    float a = lo4[0] < lo4[1] ? lo4[0] : lo4[1], b = lo4[2] < lo4[3] ? lo4[2] : lo4[3];
-    float c = hi4[0] > hi4[1] ? hi4[0] : hi4[1], d = hi4[2] > hi4[3] ? hi4[2] : hi4[3];
-    *low = a < b ? a : b;
-    *high = c > d ? c : d;
 }
 
 /* ---- element passes ------------------------------------------------------------------------------------ */
@@ -254,8 +195,10 @@ static inline __attribute__((always_inline)) void whole_blocks(const affine_job 
     affine_params params[BATCH];
     for (int64_t batch = first; batch < last; batch += BATCH) {
         int64_t count = last - batch < BATCH ? last - batch : BATCH;
-        for (int64_t k = 0; k < count; k++) block_min_max(job->x + (batch + k) * block, block, lows + k, highs + k);
-        derive_batch(c, lows, highs, count, params);
+        int64_t k = 0;
+        for (; k + LB_LANES <= count; k += LB_LANES) blocks_min_max(job->x + (batch + k) * block, block, lows + k, highs + k);
+        for (; k < count; k++) block_min_max(job->x + (batch + k) * block, block, lows + k, highs + k);
+        if (!derive_nearest_batch(c, lows, highs, count, params, mode)) derive_batch(c, lows, highs, count, params);
         for (int64_t k = 0; k < count; k++) {
             const float *restrict x = job->x + (batch + k) * block;
             float *restrict out = job->out + (batch + k) * block;

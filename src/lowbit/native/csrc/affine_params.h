@@ -104,6 +104,7 @@ typedef struct {
 } lb_affine_spec;
 
 typedef struct { float scale, inverse, zero_point; int bounded; } affine_params;
+#define LB_ALWAYS_INLINE_PARAMS static inline __attribute__((always_inline))
 
 static float derived_zero_point(const lb_affine_spec *c, float low, float scale, int pins) {
     if (c->kind != KIND_ASYMMETRIC) return 0.0f;
@@ -186,6 +187,81 @@ static void derive_batch(const lb_affine_spec *c, float *lows, float *highs, int
     for (int64_t k = 0; k < count; k++) inverses[k] = params[k].scale;
     for (int64_t k = 0; k < count; k++) inverses[k] = 1.0f / inverses[k];
     for (int64_t k = 0; k < count; k++) complete(c, params + k, inverses[k]);
+}
+
+/* derive_batch under a nearest mode (`mode`, a constant where inlined) for float32 and bfloat16 scales, as
+ * loops without branches (vectorised): per block the operations of fitted and complete in the same order, the
+ * helpers below giving the same values as their branching counterparts for the inputs they get. (Directed
+ * modes pin or shorten differently, and a float16 scale needs a conversion: derive_batch.) */
+
+/* ceil_power_of_two for a positive normal s: the next binade's power where s is not a power of two (exponent
+ * field 254 gives the infinity, as power_of_two(128) does) */
+LB_ALWAYS_INLINE_PARAMS float ceil_power_of_two_lanes(float s) {
+    uint32_t bits = lb_bits(s);
+    return (bits & 0x7fffffu) ? lb_float(((bits >> 23) + 1u) << 23) : s;
+}
+
+LB_ALWAYS_INLINE_PARAMS float safe_scale_lanes(float s) { return (fabsf(s) <= FLT_MAX) & (s >= FLT_MIN) ? s : FLT_MIN; }
+
+/* round_scale / round_scale_up for SCALE_BF16 (s >= FLT_MIN): round_scale_up's step is 2^(e - 8) for the
+ * rounded scale's frexp exponent e = field - 126, a subnormal below exponent field 8 */
+LB_ALWAYS_INLINE_PARAMS float bf16_scale(float s) {
+    s = s > stored_max[SCALE_BF16] ? stored_max[SCALE_BF16] : s;
+    uint32_t bits = lb_bits(s);
+    return lb_float((bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u);
+}
+
+LB_ALWAYS_INLINE_PARAMS float bf16_scale_up(float s) {
+    float rounded = bf16_scale(s);
+    uint32_t field = lb_bits(rounded) >> 23;
+    float step = field >= 8u ? lb_float((field - 7u) << 23) : lb_float(1u << ((field + 15u) & 31u));
+    return (rounded < s) & (rounded < stored_max[SCALE_BF16]) ? rounded + step : rounded;
+}
+
+LB_ALWAYS_INLINE_PARAMS float nearest_zero_point(const lb_affine_spec *c, int kind, float low, float inverse, int mode) {
+    return kind != KIND_ASYMMETRIC ? 0.0f : clamp_codes(c->q_min - lb_round(low * inverse, mode), c->q_min, c->q_max);
+}
+
+LB_ALWAYS_INLINE_PARAMS int derive_nearest(const lb_affine_spec *c, float *lows, float *highs, int64_t count,
+                                           affine_params *params, int mode) {
+    const int dtype = c->scale_dtype, kind = c->kind, power = c->power_of_two;
+    const float clamp_low = c->clamp_low - 0.5f, clamp_high = c->clamp_high + 0.5f;
+    if (is_directed(mode) || dtype == SCALE_F16) return 0;
+    float raws[BATCH], scales[BATCH], inverses[BATCH], zero_points[BATCH];
+    int bounded[BATCH];
+    for (int64_t k = 0; k < count; k++) raws[k] = raw_scale(c, lows + k, highs + k);
+    for (int64_t k = 0; k < count; k++) {
+        float raw = safe_scale_lanes(raws[k]);
+        raws[k] = power ? ceil_power_of_two_lanes(raw) : raw;
+    }
+    if (dtype == SCALE_BF16) /* the rounded scale, or the one above where the rounded one clips a code */
+        for (int64_t k = 0; k < count; k++) {
+            float scale = safe_scale_lanes(bf16_scale(raws[k]));
+            float inverse = 1.0f / scale, zero_point = nearest_zero_point(c, kind, lows[k], inverse, mode);
+            int clips = (highs[k] * inverse + zero_point > clamp_high) | (lows[k] * inverse + zero_point < clamp_low);
+            scales[k] = clips ? safe_scale_lanes(bf16_scale_up(raws[k])) : scale;
+        }
+    else
+        for (int64_t k = 0; k < count; k++) scales[k] = raws[k];
+    for (int64_t k = 0; k < count; k++) scales[k] = shorten_scale(scales[k], c->shorten_bits);
+    for (int64_t k = 0; k < count; k++) {
+        float scale = scales[k], inverse = 1.0f / scale;
+        float zero_point = nearest_zero_point(c, kind, lows[k], inverse, mode);
+        inverses[k] = inverse, zero_points[k] = zero_point;
+        bounded[k] = (fabsf((c->clamp_high - zero_point) * scale) <= FLT_MAX) & (fabsf((c->clamp_low - zero_point) * scale) <= FLT_MAX);
+    }
+    for (int64_t k = 0; k < count; k++)
+        params[k] = (affine_params){scales[k], inverses[k], zero_points[k], bounded[k]};
+    return 1;
+}
+
+/* derive_nearest as a function of its own, one copy per mode (inlined into a kernel's loops, its body kept
+ * GCC from vectorising their element passes) */
+#define LB_DERIVE_NEAREST(MODE) return derive_nearest(c, lows, highs, count, params, MODE)
+static __attribute__((noinline)) int derive_nearest_batch(const lb_affine_spec *c, float *lows, float *highs,
+                                                          int64_t count, affine_params *params, int mode) {
+    LB_FOR_EACH_MODE(mode, LB_DERIVE_NEAREST)
+    return 0;
 }
 
 #endif
