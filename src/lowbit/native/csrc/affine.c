@@ -196,7 +196,7 @@ static inline __attribute__((always_inline)) void whole_blocks(const affine_job 
     for (int64_t batch = first; batch < last; batch += BATCH) {
         int64_t count = last - batch < BATCH ? last - batch : BATCH;
         int64_t k = 0;
-        for (; k + LB_LANES <= count; k += LB_LANES) blocks_min_max(job->x + (batch + k) * block, block, lows + k, highs + k);
+        for (; k + LANES <= count; k += LANES) blocks_min_max(job->x + (batch + k) * block, block, lows + k, highs + k);
         for (; k < count; k++) block_min_max(job->x + (batch + k) * block, block, lows + k, highs + k);
         if (!derive_nearest_batch(c, lows, highs, count, params, mode)) derive_batch(c, lows, highs, count, params);
         for (int64_t k = 0; k < count; k++) {

@@ -9,6 +9,7 @@
 #define LOWBIT_BLOCK_COMMON_H
 
 #include "common.h"
+#include "lanes.h"
 
 #define LB_LIKELY(condition) __builtin_expect(!!(condition), 1) /* the usual case (code layout only) */
 
@@ -239,7 +240,23 @@ LB_INLINE int block_exponent(const float *restrict x, int64_t length, int signif
 
 /* Each block's largest magnitude bits among those <= limit (abs_max_bits_upto), for a GROUP of its own. */
 LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t length, int32_t limit, int32_t *largest) {
-    for (int64_t item = 0; item < count; item++) largest[item] = abs_max_bits_upto(x + item * length, length, limit);
+    int64_t item = 0;
+    if (length % LANES == 0) /* LANES blocks at a time: lanes of maxima, then reduced across (lanes.h) */
+        for (; item + LANES <= count; item += LANES) {
+            lanes_i maxima[LANES];
+            for (int j = 0; j < LANES; j++) {
+                const float *block = x + (item + j) * length;
+                lanes_i top = lanes_of(0);
+                LB_BLOCK_LOOP for (int64_t k = 0; k < length; k += LANES) top = lanes_max(top, lanes_load(block + k) & 0x7fffffff);
+                maxima[j] = top;
+            }
+            LANES_ACROSS(maxima, lanes_max);
+            memcpy(largest + item, maxima, sizeof maxima[0]);
+            for (int j = 0; j < LANES; j++) /* a magnitude above the limit: that block's maximum of the rest */
+                if (!LB_LIKELY(largest[item + j] <= limit))
+                    largest[item + j] = abs_max_bits_upto(x + (item + j) * length, length, limit);
+        }
+    for (; item < count; item++) largest[item] = abs_max_bits_upto(x + item * length, length, limit);
 }
 
 #define LB_STAT_APPLY(job, index, x, out, length, PARAM, STAT, APPLY, MODE) \

@@ -38,6 +38,45 @@ typedef double half_d __attribute__((vector_size(LANES * 4))); /* half the lanes
 #define LANES_SHUFFLE(v, ...) __builtin_shuffle(v, (lanes_i){__VA_ARGS__})
 #endif
 
+/* Two-vector shuffles (indices from 0: a's lanes, then b's). */
+#if defined(__clang__) || __GNUC__ >= 12
+#define LANES_SHUFFLE2(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define LANES_SHUFFLE2(a, b, ...) __builtin_shuffle(a, b, (lanes_i){__VA_ARGS__})
+#endif
+
+/* Across vectors: LANES vectors v[0..LANES) (one per block, say) reduced by OP to v[0], whose lane j is the
+ * reduction of v[j]'s lanes (for an order-free OP: max / min). Each level pairs v[2k] and v[2k + 1] and halves
+ * every vector's segment of partial results: LO takes the first half of each segment of a, then of b, HI the
+ * second halves; OP(LO, HI) keeps the vectors' order. LANES_LEVEL_W_*: the level whose segments are W lanes. */
+#if LANES == 16
+#define LANES_LEVEL_16_LO 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define LANES_LEVEL_16_HI 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define LANES_LEVEL_8_LO 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27
+#define LANES_LEVEL_8_HI 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31
+#define LANES_LEVEL_4_LO 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29
+#define LANES_LEVEL_4_HI 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31
+#define LANES_LEVEL_2_LO 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
+#define LANES_LEVEL_2_HI 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+#else
+#define LANES_LEVEL_8_LO 0, 1, 2, 3, 8, 9, 10, 11
+#define LANES_LEVEL_8_HI 4, 5, 6, 7, 12, 13, 14, 15
+#define LANES_LEVEL_4_LO 0, 1, 4, 5, 8, 9, 12, 13
+#define LANES_LEVEL_4_HI 2, 3, 6, 7, 10, 11, 14, 15
+#define LANES_LEVEL_2_LO 0, 2, 4, 6, 8, 10, 12, 14
+#define LANES_LEVEL_2_HI 1, 3, 5, 7, 9, 11, 13, 15
+#endif
+#define LANES_LEVEL(v, OP, WIDTH) \
+    for (int k_ = 0; k_ < (WIDTH) / 2; k_++) \
+        (v)[k_] = OP(LANES_SHUFFLE2((v)[2 * k_], (v)[2 * k_ + 1], LANES_LEVEL_##WIDTH##_LO), \
+                     LANES_SHUFFLE2((v)[2 * k_], (v)[2 * k_ + 1], LANES_LEVEL_##WIDTH##_HI));
+#if LANES == 16
+#define LANES_ACROSS(v, OP) \
+    do { LANES_LEVEL(v, OP, 16) LANES_LEVEL(v, OP, 8) LANES_LEVEL(v, OP, 4) LANES_LEVEL(v, OP, 2) } while (0)
+#else
+#define LANES_ACROSS(v, OP) do { LANES_LEVEL(v, OP, 8) LANES_LEVEL(v, OP, 4) LANES_LEVEL(v, OP, 2) } while (0)
+#endif
+
 #if defined(__AVX512F__)
 static inline lanes_i lanes_min(lanes_i a, lanes_i b) { return (lanes_i)_mm512_min_epi32((__m512i)a, (__m512i)b); }
 static inline lanes_i lanes_max(lanes_i a, lanes_i b) { return (lanes_i)_mm512_max_epi32((__m512i)a, (__m512i)b); }
