@@ -72,6 +72,18 @@ typedef struct {
 static inline float next_up(float v) { return lb_float(lb_bits(v) + 1); }   /* v > 0 finite */
 static inline float next_down(float v) { return lb_float(lb_bits(v) - 1); } /* v > 0 */
 
+/* ocp_float.covering_scale for a block's finite |max| amax: the steps on the scale's bit pattern (positive: a
+ * neighbour is one bit pattern away), with conditions joined by & and no branch (they go either way from
+ * block to block, and a loop across blocks vectorises). */
+LB_INLINE float covering_scale(float amax, float element_max) {
+    float quotient = amax / element_max;
+    uint32_t tiny = lb_bits(LB_FLOAT32_TINY);
+    uint32_t bits = (fabsf(quotient) <= LB_FLOAT32_MAX) & (quotient >= LB_FLOAT32_TINY) ? lb_bits(quotient) : tiny;
+    bits += (lb_float(bits) * element_max < amax) & (bits + 1 < 0x7f800000u);    /* next up, if finite */
+    bits -= (lb_float(bits - 1) * element_max >= amax) & (bits - 1 >= tiny); /* next down, if normal */
+    return lb_float(bits);
+}
+
 /* ocp_float.covering_scale (f32 scales) and _inward_scale for the directed modes that need it. */
 LB_INLINE float derived_scale(const float *restrict x, int64_t length, const scaled_job *job) {
     block_extremes ex = {0.0f, 0.0f, 0};
@@ -79,14 +91,7 @@ LB_INLINE float derived_scale(const float *restrict x, int64_t length, const sca
     else ex.high = finite_abs_max_of(x, length);
     float element_max = job->element.max_value;
     float amax = fabsf(ex.high > -ex.low ? ex.high : -ex.low);
-    /* the steps on the scale's bit pattern (positive: a neighbour is one bit pattern away), with conditions
-     * joined by & and no branch: they go either way from block to block */
-    float quotient = amax / element_max;
-    uint32_t tiny = lb_bits(LB_FLOAT32_TINY);
-    uint32_t bits = isfinite(quotient) & (quotient >= LB_FLOAT32_TINY) ? lb_bits(quotient) : tiny;
-    bits += (lb_float(bits) * element_max < amax) & (bits + 1 < 0x7f800000u);    /* next up, if finite */
-    bits -= (lb_float(bits - 1) * element_max >= amax) & (bits - 1 >= tiny); /* next down, if normal */
-    float scale = lb_float(bits);
+    float scale = covering_scale(amax, element_max);
     if (!job->inward) return scale;
     float smaller = next_down(scale);
     int usable = (smaller >= LB_FLOAT32_TINY) & (scale * element_max != amax);
@@ -133,7 +138,19 @@ LB_INLINE void scaled_apply(const scaled_job *job, float scale, const float *res
     else scaled_elements(x, out, length, scale, element, nearest, clamp_inf, mode, 0, 1);
 }
 
-LB_GROUP_OF(scaled_group, scaled_job, float, scaled_stat)
+/* A group's scales: derived ones (not inward) from the blocks' finite maxima taken across blocks (group_maxima)
+ * in one loop over the group; given or inward scales block by block. */
+LB_INLINE void scaled_group(const scaled_job *job, int64_t first, const float *restrict x, int64_t count,
+                            int64_t length, float *params, int mode) {
+    if (job->scales || job->inward) {
+        LB_GROUP_BY_STAT(scaled_stat, job, first, x, count, length, params, mode);
+        return;
+    }
+    int32_t largest[LB_GROUP_BLOCKS];
+    float element_max = job->element.max_value;
+    group_maxima(x, count, length, 0x7f7fffff, largest);
+    for (int64_t item = 0; item < count; item++) params[item] = covering_scale(lb_float((uint32_t)largest[item]), element_max);
+}
 #define SCALED_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, float, scaled_stat, scaled_group, scaled_apply, MODE)
 
 static void scaled_range(const void *context, int64_t begin, int64_t end) {
