@@ -8,6 +8,7 @@ import torch
 
 from lowbit import backend
 from lowbit.native import build, token
+from lowbit.native import kernels as native_kernels
 from lowbit.ops import Int8DynamicLinear, kernels, routes
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
@@ -56,18 +57,23 @@ def test_token_quantize_equals_the_eager_steps(symmetric, q_max, rows, several_t
 
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("with_bias", [True, False])
-@pytest.mark.parametrize("sums_dtype", [torch.int32, torch.float32])
-def test_token_rescale_equals_the_eager_step(symmetric, with_bias, sums_dtype):
+@pytest.mark.parametrize("sums_dtype,owned", [(torch.int32, False), (torch.int32, True), (torch.float32, False)])
+@pytest.mark.parametrize("rows,columns,threaded", [(37, 50, False), (300, 1000, True)])
+def test_token_rescale_equals_the_eager_step(symmetric, with_bias, sums_dtype, owned, rows, columns, threaded):
+    """Into a new tensor, or in place (float32 sums; int32 sums handed over, whose buffer becomes the result),
+    on one thread and on several (row chunks)."""
     generator = torch.Generator().manual_seed(3)
-    rows, columns = 37, 50
     acc = torch.randint(-(2**20), 2**20, (rows, columns), generator=generator).to(sums_dtype)
     scale, weight_scale = torch.rand(rows, 1, generator=generator), torch.rand(columns, generator=generator)
     offset = None if symmetric else torch.randn(rows, 1, generator=generator)
     sums = None if symmetric else torch.randn(columns, generator=generator) * 100
     bias = torch.randn(columns, generator=generator) if with_bias else None
     want = kernels.token_rescale(acc, scale, weight_scale, offset, sums, bias)
-    got = token.rescale(acc.clone(), scale, weight_scale, offset, sums, bias)
+    given = acc.clone()
+    with native_kernels.threads_from(1 << 10 if threaded else 1 << 40):
+        got = token.rescale(given, scale, weight_scale, offset, sums, bias, owned=owned)
     assert same(got, want)
+    assert (got.data_ptr() == given.data_ptr()) == (owned or sums_dtype == torch.float32)
 
 
 def test_mismatched_vectors_are_refused_not_read_past_their_end():

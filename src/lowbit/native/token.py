@@ -34,9 +34,10 @@ def quantize(x: torch.Tensor, symmetric: bool, q_max: int, float_codes: bool):
 
 
 def rescale(sums: torch.Tensor, scale: torch.Tensor, weight_scale: torch.Tensor, offset: torch.Tensor | None,
-            weight_sums: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor | None:  # fmt: skip
+            weight_sums: torch.Tensor | None, bias: torch.Tensor | None, owned: bool = False) -> torch.Tensor | None:  # fmt: skip
     """sums * scale * weight_scale (+ offset * weight_sums) (+ bias) as float32 [M, N]: in place for float32
-    sums (the caller's own tensor), a new tensor for int32 sums; None where it does not apply."""
+    sums (the caller's own tensor) and for int32 sums the caller hands over (``owned``: the result is their
+    buffer viewed as float32, one pass over one buffer), else a new tensor; None where it does not apply."""
     entry = function("lb_token_rescale_f32", _RESCALE)
     vectors = (scale, weight_scale, offset, weight_sums, bias)
     if entry is None or sums.dtype not in (torch.int32, torch.float32) or sums.dim() != 2:
@@ -47,7 +48,8 @@ def rescale(sums: torch.Tensor, scale: torch.Tensor, weight_scale: torch.Tensor,
     lengths = (rows, columns, rows, columns, columns)  # what the kernel reads of each vector
     if any(v is not None and v.numel() != length for v, length in zip(vectors, lengths)):
         return None
-    out = sums if sums.dtype == torch.float32 else torch.empty(rows, columns)
+    in_place = sums.dtype == torch.float32 or owned
+    out = sums if in_place else torch.empty(rows, columns)
     pointers = [0 if v is None else v.data_ptr() for v in vectors]
     entry(sums.data_ptr(), out.data_ptr(), rows, columns, *pointers, int(sums.dtype == torch.float32), threads())
-    return out
+    return out.view(torch.float32) if in_place else out

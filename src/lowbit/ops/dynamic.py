@@ -154,15 +154,20 @@ class Int8DynamicLinear(_Int8WeightLinear):
             codes, scale, offset = backend.run_fused(quantize_key, kernels.token_quantize, rows, symmetric, self.q_max)
         else:
             codes, scale, offset = kernels.token_quantize(rows, symmetric, self.q_max)
+        if token is not None and path in ("int_mm", "compiled"):  # native steps: int32 sums in a buffer of their own, which
+            acc = kernels.int_mm_fresh(codes, self._weight_t())  # the rescale turns into the float32 result
+            return self._rescale_sums(acc, scale, offset, fused, owned=True)
         return self._rescale_sums(self._token_sums(codes, path), scale, offset, fused)
 
-    def _rescale_sums(self, acc: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, fused: bool) -> torch.Tensor:
+    def _rescale_sums(self, acc: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, fused: bool,
+                      owned: bool = False) -> torch.Tensor:  # fmt: skip
         """acc * row scale * weight scale (+ row offset * weight sums) (+ bias): one compiled pass, or eager
-        steps (in place on float32 sums that are this call's own tensor)."""
+        steps (in place on float32 sums that are this call's own tensor; the native pass also in place on int32
+        sums that are, ``owned``)."""
         sums = None if self.act_symmetric else self._weight_sums()
         arguments = (acc, scale, self.weight_scale, offset, sums, self.bias)
         if backend.native_ready():
-            out = native_token.rescale(*arguments)
+            out = native_token.rescale(*arguments, owned=owned)
             if out is not None:
                 return out
         # fbgemm and oneDNN return a fresh tensor of float sums: rescaled in place, no second output to fault in

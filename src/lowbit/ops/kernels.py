@@ -155,6 +155,13 @@ def int_mm_workspace(codes: torch.Tensor, weight_t: torch.Tensor) -> torch.Tenso
     return torch._int_mm(dense(codes), dense(weight_t), out=out)
 
 
+def int_mm_fresh(codes: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    """``torch._int_mm(codes, weight_t)`` into a new int32 tensor that the caller owns: the native rescale
+    turns it into the float32 result in place, one pass over one buffer (the workspace above would need a
+    second, fresh output: 0.35-0.5 ms more for 2112 x 384 -> 1536 on a Zen 4)."""
+    return torch._int_mm(dense(codes), dense(weight_t))
+
+
 FLOAT_EXACT = 1 << 24  # every integer up to 2^24 is a float32
 
 

@@ -117,12 +117,29 @@ typedef struct {
     int float_sums;
 } rescale_job;
 
+/* In place on int32 sums (their buffer becomes the float32 result): each element read, through the output
+ * pointer itself, before its result is written there (one pointer: no aliasing check keeps GCC from the
+ * vector loop). */
+static void rescale_row_in_place(const rescale_job *job, float *out, float scale, float offset) {
+    for (int64_t n = 0; n < job->columns; n++) {
+        int32_t code;
+        memcpy(&code, out + n, sizeof code);
+        float value = (float)code * scale * job->weight_scale[n];
+        if (job->offset) value = value + offset * job->weight_sums[n];
+        out[n] = job->bias ? value + job->bias[n] : value;
+    }
+}
+
 static void rescale_rows(const void *context, int64_t begin, int64_t end) {
     const rescale_job *job = context;
     for (int64_t row = begin / job->columns; row < end / job->columns; row++) {
         float *out = job->out + row * job->columns;
         const float scale = job->scale[row];
         const float offset = job->offset ? job->offset[row] : 0.0f;
+        if (!job->float_sums && (const void *)job->out == job->sums) {
+            rescale_row_in_place(job, out, scale, offset);
+            continue;
+        }
         for (int64_t n = 0; n < job->columns; n++) {
             float acc = job->float_sums ? ((const float *)job->sums)[row * job->columns + n]
                                         : (float)((const int32_t *)job->sums)[row * job->columns + n];
@@ -134,7 +151,7 @@ static void rescale_rows(const void *context, int64_t begin, int64_t end) {
 }
 
 /* out [rows, columns] = sums * scale[row] * weight_scale[n] (+ offset[row] * weight_sums[n]) (+ bias[n]);
- * out may be the float32 sums themselves (in place). */
+ * out may be the sums themselves (in place: float32 sums, or int32 ones whose buffer becomes the float32 result). */
 void lb_token_rescale_f32(const void *sums, float *out, int64_t rows, int64_t columns, const float *scale,
                           const float *weight_scale, const float *offset, const float *weight_sums,
                           const float *bias, int float_sums, int threads) {
