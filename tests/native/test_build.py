@@ -17,9 +17,15 @@ from lowbit.native import build
 needs_compiler = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
 
 
+# The builds here test caching, sealing, locking and forks, not kernel speed: at -O1 each takes about a quarter
+# of the time (the same bits; tests/native's other files run the -O3 library).
+QUICK_BUILD = {"LOWBIT_NATIVE_OPT": "1"}
+
+
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LOWBIT_NATIVE_OPT", "1")
     build.reset()
     yield tmp_path
     build.reset()
@@ -91,6 +97,22 @@ def test_a_named_target_replaces_march_native(fresh_cache, monkeypatch, tmp_path
     assert "LOWBIT_NATIVE_MARCH" in build.error() and not log.exists()
 
 
+def test_the_optimisation_level_reaches_the_compiler_and_a_bad_one_is_refused(fresh_cache, monkeypatch, tmp_path):
+    log = tmp_path / "arguments"
+    fake = tmp_path / "fakecc"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\necho 'fakecc: no' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    assert build.ensure() is None
+    calls = [line for line in log.read_text().splitlines() if " -c " in f" {line} " or "-shared" in line]
+    assert calls and all(" -O1 " in f" {line} " and "-O3" not in line for line in calls)
+    build.reset()
+    log.unlink()
+    monkeypatch.setenv("LOWBIT_NATIVE_OPT", "fast")
+    assert build.ensure() is None
+    assert "LOWBIT_NATIVE_OPT" in build.error() and not log.exists()
+
+
 def test_lowbit_native_off_builds_nothing(fresh_cache, monkeypatch):
     monkeypatch.setenv("LOWBIT_NATIVE", "0")
     assert build.ensure() is None and build.error() is None
@@ -115,7 +137,7 @@ assert torch.equal(lowbit.quantize(x, "e4m3"), first)
 print("ok")
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "HOME": str(tmp_path), "LOWBIT_BACKEND": "auto"})  # fmt: skip
+                            env={**os.environ, **QUICK_BUILD, "HOME": str(tmp_path), "LOWBIT_BACKEND": "auto"})  # fmt: skip
     assert result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
@@ -168,7 +190,7 @@ import lowbit
 lowbit.quantize(torch.randn(64, 64), "e4m3")  # starts the build, then the process ends at once
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "LOWBIT_BACKEND": "auto"})  # fmt: skip
+                            env={**os.environ, **QUICK_BUILD, "LOWBIT_BACKEND": "auto"})  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     (library,) = tmp_path.glob("native-*.so")  # the next process finds it cached
     assert library.with_name(library.name + ".sha256").exists()
