@@ -52,4 +52,4 @@ def rescale(sums: torch.Tensor, scale: torch.Tensor, weight_scale: torch.Tensor,
     out = sums if in_place else torch.empty(rows, columns)
     pointers = [0 if v is None else v.data_ptr() for v in vectors]
     entry(sums.data_ptr(), out.data_ptr(), rows, columns, *pointers, int(sums.dtype == torch.float32), threads())
-    return out.view(torch.float32) if in_place else out
+    return out.view(torch.float32) if out.dtype == torch.int32 else out
