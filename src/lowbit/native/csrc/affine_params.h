@@ -44,8 +44,9 @@ static inline float affine_value(float v, float scale, float inverse, float zero
     return bounded ? value : lb_clamp(value, FLT_MAX);
 }
 
+/* conditions joined by & (no branch): derive_nearest's loops across blocks vectorise with these helpers */
 static inline int values_bounded(float scale, float zero_point, float low, float high) {
-    return fabsf((high - zero_point) * scale) <= FLT_MAX && fabsf((low - zero_point) * scale) <= FLT_MAX;
+    return (fabsf((high - zero_point) * scale) <= FLT_MAX) & (fabsf((low - zero_point) * scale) <= FLT_MAX);
 }
 
 /* ---- scales (formats/scaling.py) ---------------------------------------------------------------------- */
@@ -59,10 +60,13 @@ static inline float power_of_two(int exponent) { /* 2^exponent as torch.ldexp gi
 static inline int frexp_exponent(float v) { return (int)(lb_bits(v) >> 23) - 126; }
 static inline int is_power_of_two(float v) { return (lb_bits(v) & 0x7fffffu) == 0; }
 
-static inline float safe_scale(float s) { return (fabsf(s) <= FLT_MAX && s >= FLT_MIN) ? s : FLT_MIN; }
+static inline float safe_scale(float s) { return (fabsf(s) <= FLT_MAX) & (s >= FLT_MIN) ? s : FLT_MIN; }
 
-static inline float ceil_power_of_two(float s) { /* s positive, normal */
-    return is_power_of_two(s) ? s : power_of_two(frexp_exponent(s));
+/* s positive, normal: s where it is a power of two, else power_of_two(frexp_exponent(s)), the next binade's
+ * power, built on the bits without a branch (exponent field 254 gives the infinity, as power_of_two(128)) */
+static inline float ceil_power_of_two(float s) {
+    uint32_t bits = lb_bits(s);
+    return (bits & 0x7fffffu) ? lb_float(((bits >> 23) + 1u) << 23) : s;
 }
 
 static const float stored_tiny[3] = {FLT_MIN, 6.103515625e-05f, FLT_MIN};
@@ -104,7 +108,6 @@ typedef struct {
 } lb_affine_spec;
 
 typedef struct { float scale, inverse, zero_point; int bounded; } affine_params;
-#define LB_ALWAYS_INLINE_PARAMS static inline __attribute__((always_inline))
 
 static float derived_zero_point(const lb_affine_spec *c, float low, float scale, int pins) {
     if (c->kind != KIND_ASYMMETRIC) return 0.0f;
@@ -194,35 +197,26 @@ static void derive_batch(const lb_affine_spec *c, float *lows, float *highs, int
  * helpers below giving the same values as their branching counterparts for the inputs they get. (Directed
  * modes pin or shorten differently, and a float16 scale needs a conversion: derive_batch.) */
 
-/* ceil_power_of_two for a positive normal s: the next binade's power where s is not a power of two (exponent
- * field 254 gives the infinity, as power_of_two(128) does) */
-LB_ALWAYS_INLINE_PARAMS float ceil_power_of_two_lanes(float s) {
-    uint32_t bits = lb_bits(s);
-    return (bits & 0x7fffffu) ? lb_float(((bits >> 23) + 1u) << 23) : s;
-}
-
-LB_ALWAYS_INLINE_PARAMS float safe_scale_lanes(float s) { return (fabsf(s) <= FLT_MAX) & (s >= FLT_MIN) ? s : FLT_MIN; }
-
 /* round_scale / round_scale_up for SCALE_BF16 (s >= FLT_MIN): round_scale_up's step is 2^(e - 8) for the
  * rounded scale's frexp exponent e = field - 126, a subnormal below exponent field 8 */
-LB_ALWAYS_INLINE_PARAMS float bf16_scale(float s) {
+LB_INLINE float bf16_scale(float s) {
     s = s > stored_max[SCALE_BF16] ? stored_max[SCALE_BF16] : s;
     uint32_t bits = lb_bits(s);
     return lb_float((bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u);
 }
 
-LB_ALWAYS_INLINE_PARAMS float bf16_scale_up(float s) {
+LB_INLINE float bf16_scale_up(float s) {
     float rounded = bf16_scale(s);
     uint32_t field = lb_bits(rounded) >> 23;
     float step = field >= 8u ? lb_float((field - 7u) << 23) : lb_float(1u << ((field + 15u) & 31u));
     return (rounded < s) & (rounded < stored_max[SCALE_BF16]) ? rounded + step : rounded;
 }
 
-LB_ALWAYS_INLINE_PARAMS float nearest_zero_point(const lb_affine_spec *c, int kind, float low, float inverse, int mode) {
+LB_INLINE float nearest_zero_point(const lb_affine_spec *c, int kind, float low, float inverse, int mode) {
     return kind != KIND_ASYMMETRIC ? 0.0f : clamp_codes(c->q_min - lb_round(low * inverse, mode), c->q_min, c->q_max);
 }
 
-LB_ALWAYS_INLINE_PARAMS int derive_nearest(const lb_affine_spec *c, float *lows, float *highs, int64_t count,
+LB_INLINE int derive_nearest(const lb_affine_spec *c, float *lows, float *highs, int64_t count,
                                            affine_params *params, int mode) {
     const int dtype = c->scale_dtype, kind = c->kind, power = c->power_of_two;
     const float clamp_low = c->clamp_low - 0.5f, clamp_high = c->clamp_high + 0.5f;
@@ -231,15 +225,15 @@ LB_ALWAYS_INLINE_PARAMS int derive_nearest(const lb_affine_spec *c, float *lows,
     int bounded[BATCH];
     for (int64_t k = 0; k < count; k++) raws[k] = raw_scale(c, lows + k, highs + k);
     for (int64_t k = 0; k < count; k++) {
-        float raw = safe_scale_lanes(raws[k]);
-        raws[k] = power ? ceil_power_of_two_lanes(raw) : raw;
+        float raw = safe_scale(raws[k]);
+        raws[k] = power ? ceil_power_of_two(raw) : raw;
     }
     if (dtype == SCALE_BF16) /* the rounded scale, or the one above where the rounded one clips a code */
         for (int64_t k = 0; k < count; k++) {
-            float scale = safe_scale_lanes(bf16_scale(raws[k]));
+            float scale = safe_scale(bf16_scale(raws[k]));
             float inverse = 1.0f / scale, zero_point = nearest_zero_point(c, kind, lows[k], inverse, mode);
             int clips = (highs[k] * inverse + zero_point > clamp_high) | (lows[k] * inverse + zero_point < clamp_low);
-            scales[k] = clips ? safe_scale_lanes(bf16_scale_up(raws[k])) : scale;
+            scales[k] = clips ? safe_scale(bf16_scale_up(raws[k])) : scale;
         }
     else
         for (int64_t k = 0; k < count; k++) scales[k] = raws[k];
@@ -248,7 +242,7 @@ LB_ALWAYS_INLINE_PARAMS int derive_nearest(const lb_affine_spec *c, float *lows,
         float scale = scales[k], inverse = 1.0f / scale;
         float zero_point = nearest_zero_point(c, kind, lows[k], inverse, mode);
         inverses[k] = inverse, zero_points[k] = zero_point;
-        bounded[k] = (fabsf((c->clamp_high - zero_point) * scale) <= FLT_MAX) & (fabsf((c->clamp_low - zero_point) * scale) <= FLT_MAX);
+        bounded[k] = values_bounded(scale, zero_point, c->clamp_low, c->clamp_high);
     }
     for (int64_t k = 0; k < count; k++)
         params[k] = (affine_params){scales[k], inverses[k], zero_points[k], bounded[k]};

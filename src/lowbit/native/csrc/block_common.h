@@ -91,7 +91,6 @@ static inline float general_step(float v, int min_exponent, int mantissa_bits) {
     return pow2_float((exponent > min_exponent ? exponent : min_exponent) - mantissa_bits);
 }
 
-#define LB_INLINE static inline __attribute__((always_inline))
 /* Before a loop over one block's elements: GCC would otherwise peel a loop of a constant 16 or 32 iterations
  * into scalar code before vectorising it (and then vectorise the loop over blocks instead, lanes across 16
  * blocks: several times slower); kept a loop, it becomes one or two whole-vector iterations. */

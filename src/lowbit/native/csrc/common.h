@@ -15,6 +15,8 @@ enum {
     LB_TOWARD_ZERO, LB_AWAY_FROM_ZERO, LB_UP, LB_DOWN
 };
 
+#define LB_INLINE static inline __attribute__((always_inline)) /* one copy per constant argument */
+
 static inline float lb_sign(float v) { return v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : v); } /* torch.sign */
 
 /* floor and ceil built on rintf: the same values and zero signs as floorf / ceilf (each result carries the

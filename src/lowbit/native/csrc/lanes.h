@@ -26,7 +26,7 @@ typedef int32_t lanes_i __attribute__((vector_size(LANES * 4)));
 typedef float half_f __attribute__((vector_size(LANES * 2)));
 typedef double half_d __attribute__((vector_size(LANES * 4))); /* half the lanes, widened */
 #define NONE 0x7fffffff /* bits above every magnitude: the key of a lane left out of a minimum */
-#define ALWAYS_INLINE static inline __attribute__((always_inline)) /* one copy per selection constant */
+#define ALWAYS_INLINE LB_INLINE /* one copy per selection constant */
 
 /* These static helpers inline; GCC's note that 64-byte vector arguments pass differently without AVX-512
  * concerns exported functions only. */
