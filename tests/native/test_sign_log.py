@@ -211,12 +211,13 @@ def test_statistics_on_constant_extreme_and_non_finite_tensors(spec, shape):
 
 
 def midpoint_rows(tiny: float, rows: int) -> torch.Tensor:
-    """Rows whose mean |x| over the row's max is (2.5 + 2^-23) / 4 = 0.625 + 2^-25, a float32 midpoint, plus
-    `tiny`: with tiny = 0 every term is a multiple of 2^-24 and both sums are exact (the certificate holds;
-    the tie rounds to even, 0.625); with a tiny nonzero element the exact quotient lies just above the
-    midpoint but the float64 sums drop it, so no bound can decide the rounding and the kernel must decline."""
+    """Rows whose mean |x| is (2.5 + 2^-23) / 4 = 0.625 + 2^-25 (the third: half that), a float32 midpoint,
+    plus `tiny`: with tiny = 0 every term is a multiple of 2^-24 and both sums are exact (no error bound can
+    tell that, the smallest term's pass does; the tie rounds to even, 0.625); with a tiny nonzero element the
+    exact quotient lies just above the midpoint but the float64 sums drop it, so nothing can decide the
+    rounding and the kernel must decline."""
     row = torch.tensor([1.0, -1.0, 0.5 + 2.0**-23, tiny])
-    return torch.stack([row, -row.flip(0), row * 0.75])[:rows]
+    return torch.stack([row, -row.flip(0), row * 0.5])[:rows]
 
 
 @pytest.mark.parametrize("axis", [None, 0])

@@ -127,14 +127,19 @@ def test_batch_dimensions_are_kept():
 
 
 def test_output_follows_edited_table_entries():
-    # Every entry 0.25 -> each level sums 8 * 0.25 = 2, the levels' means sum to 1: y = 2 * scale + bias.
+    # Every entry 0.25 -> each level sums 8 * 0.25 = 2, so y = (2 m_1 + 2 m_2) * scale + bias (the levels'
+    # means m = (2/3, 1/3)), in the layer's float32 order: the sums come from the tables, not from x.
     linear = trained_linear()
     layer = LUTNetLinear.from_binary_linear(linear, k=3, levels=2)
     with torch.no_grad():
         layer.tables.fill_(0.25)
     out = layer(torch.randn(6, 8))
-    expected = (2 * layer.scale * (2 / 3) + 2 * layer.scale * (1 / 3)) + linear.bias.detach()
-    assert torch.equal(out, expected.expand(6, 3))
+    level = torch.full((6, 3), 2.0)
+    means = layer.input_format.means
+    assert means == pytest.approx((2 / 3, 1 / 3))
+    expected = (level * means[0] + level * means[1]) * layer.scale.detach() + linear.bias.detach()
+    assert torch.equal(out, expected)
+    assert torch.allclose(out, 2 * layer.scale.detach() + linear.bias.detach(), rtol=1e-6, atol=0)
 
 
 # ---- training ---------------------------------------------------------------------------------------------

@@ -44,21 +44,21 @@ _COUNTED_GRID_SIZE = 16
 
 
 def masked_mean(magnitude: torch.Tensor, selected: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """Mean of ``magnitude`` (>= 0, finite where selected) over the selected elements of each block.
+    """Mean of ``magnitude`` (>= 0, finite where selected) over the selected elements of each block: their
+    float64 sum over the count, rounded once to the magnitudes' dtype. No selection gives 0.
 
-    When every selected magnitude is equal the mean is that value exactly (a plain sum / count can be an
-    ulp off), so quantizing an already quantized tensor reproduces its scale bit for bit. The sum runs on
-    magnitudes divided by the block maximum, so huge values cannot overflow it. No selection gives 0.
+    When every selected magnitude is equal the mean is that value exactly, so quantizing an already
+    quantized tensor reproduces its scale bit for bit (the sum is exact then up to 2^29 elements a block;
+    the rule below covers larger blocks too).
     """
     kept = torch.where(selected, magnitude, torch.zeros_like(magnitude))
     top = kept.amax(dim=dims, keepdim=True)
     bottom = torch.where(selected, magnitude, torch.full_like(magnitude, math.inf)).amin(dim=dims, keepdim=True)
     count = selected.sum(dim=dims, keepdim=True).clamp(min=1)
-    unit = torch.where(top > 0, top, torch.ones_like(top))
-    # Accumulate in float64: eager and compiled kernels sum in different orders, and float64 partial sums
-    # make the float32 mean they round to the same on both paths.
-    total = (kept / unit).sum(dim=dims, keepdim=True, dtype=torch.float64)
-    mean = unit * (total / count).to(magnitude.dtype)
+    # Accumulate in float64: eager, compiled and native kernels sum in different orders, and float64 partial
+    # sums make the mean they round to the same on every path (the native kernels certify it; sign.c).
+    total = kept.sum(dim=dims, keepdim=True, dtype=torch.float64)
+    mean = (total / count).to(magnitude.dtype)
     return torch.where(top == bottom, top, mean)
 
 

@@ -38,6 +38,7 @@ from lowbit.native import sign_log
 # Threshold = factor * |statistic|, tried in this order (seed 002 / MASE 2023 priorities).
 STATISTIC_FACTORS: tuple[tuple[str, float], ...] = (("mean", 0.75), ("median", 0.75), ("max", 0.05))
 TWN_FACTOR = 0.75
+_EXACT_EQUAL_SUM = 2**29  # elements a block up to which n equal float32 (or narrower) values sum exactly in float64
 
 
 @register
@@ -129,35 +130,35 @@ class Ternary(FormatSpec):
     def _ternarize_finite(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor | None:
         """``_ternarize`` in fewer passes when every element is finite (None otherwise): the same threshold
         and scale from one |x| tensor, and no ``where`` (slow on the CPU); |x| > delta selects both signs
-        (delta >= 0). The scale matters only in blocks where something is selected, whose largest |x| is
-        selected too, so the block max is the max over the selection."""
+        (delta >= 0)."""
+        block_numel = math.prod(blocked.shape[d] for d in dims)
+        if blocked.numel() == 0 or block_numel > _EXACT_EQUAL_SUM or blocked.dtype == torch.float64:
+            return None  # (float64: n equal values need not sum exactly; masked_mean's rule then)
         magnitude = blocked.abs()
-        top = magnitude.amax(dim=dims, keepdim=True)  # NaN and inf propagate into it
-        if not bool(torch.isfinite(top).all()):
+        if not bool(torch.isfinite(magnitude.amax()).all()):  # NaN and inf propagate into the max
             return None
-        unit = torch.where(top > 0, top, torch.ones_like(top))
         fixed = self.fixed_threshold
         if fixed is None:
-            delta = TWN_FACTOR * _scaled_mean(magnitude, unit, math.prod(magnitude.shape[d] for d in dims), dims)
+            delta = TWN_FACTOR * _plain_mean(magnitude, block_numel, dims)
         else:
             delta = torch.tensor(fixed, dtype=blocked.dtype, device=blocked.device)
         # 1.0 where |x| > delta, else 0.0: a comparison written straight into floats (a bool mask would be
         # converted on every use); the counts are exact float32 sums of ones up to 2^24 elements a block
         selected = torch.gt(magnitude, delta, out=torch.empty_like(magnitude))
         if self.scaling_factor:
-            exact = math.prod(magnitude.shape[d] for d in dims) <= 2**24
+            exact = block_numel <= 2**24
             count = selected.sum(dim=dims, keepdim=True, dtype=None if exact else torch.float64)
-            value = _scaled_mean(magnitude.mul_(selected), unit, count, dims)
+            value = _plain_mean(magnitude.mul_(selected), count, dims)
         else:
             value = torch.ones((), dtype=blocked.dtype, device=blocked.device)
         # +-value where selected (the sign of x), +0 elsewhere (-0 + 0 is +0): what signs * value gives
         return torch.copysign(value, blocked).mul_(selected).add_(0.0)
 
 
-def _scaled_mean(kept: torch.Tensor, unit: torch.Tensor, count, dims: tuple[int, ...]) -> torch.Tensor:
-    """``masked_mean`` step for step, for finite magnitudes already zero outside the selection and a block
-    max ``unit`` (1 for an all-zero block). Its "all selected values equal: the max" rule needs no check
-    here: each then divides to exactly 1, so the float64 sum is the count and the mean the max itself."""
-    total = (kept / unit).sum(dim=dims, keepdim=True, dtype=torch.float64)
+def _plain_mean(kept: torch.Tensor, count, dims: tuple[int, ...]) -> torch.Tensor:
+    """``masked_mean`` step for step, for finite float32 (or narrower) magnitudes already zero outside the
+    selection. Its "all selected values equal: that value" rule needs no check in blocks of up to 2^29
+    elements: then the float64 sum (n * v, at most 29 + 24 significant bits) is exact, and so is the quotient."""
+    total = kept.sum(dim=dims, keepdim=True, dtype=torch.float64)
     count = count.clamp(min=1) if isinstance(count, torch.Tensor) else max(1, count)
-    return unit * (total / count).to(kept.dtype)
+    return (total / count).to(kept.dtype)

@@ -1,4 +1,4 @@
-"""Native kernels of the sign and logarithmic formats (csrc/log.c, csrc/sign.c): ``log``, ``binary``,
+"""Native kernels of the sign and logarithmic formats (csrc/log.c, csrc/sign*.c, csrc/residual.c): ``log``, ``binary``,
 ``binary_residual`` and ``ternary``. Each takes a float32 contiguous CPU tensor and returns the float32 result
 bit for bit as the eager ``_quantize`` gives it, or None where the kernel does not apply (no library, a
 stochastic or unknown mode, a layout or parameter outside its range, or a data-driven scale whose float32
@@ -14,8 +14,8 @@ import torch
 from lowbit.native import kernels
 
 _FLOAT32_MAX_EXPONENT = 127
-_RESIDUAL_MAX_POINTS = 32  # RESIDUAL_MAX_POINTS in sign.c
-_TERNARY, _BIPOLAR, _UNIPOLAR = 0, 1, 2  # ELEMENT_* in sign.c
+_RESIDUAL_MAX_POINTS = 32  # RESIDUAL_MAX_POINTS in residual.c
+_TERNARY, _BIPOLAR, _UNIPOLAR = 0, 1, 2  # ELEMENT_* in sign.h
 I64, INT, FLOAT, POINTER = kernels.I64, kernels.INT, kernels.FLOAT, kernels.POINTER
 
 
