@@ -11,7 +11,7 @@ import torch
 import lowbit
 from lowbit import backend
 from helpers import DETERMINISTIC, float32_patterns
-from lowbit.native import build
+from lowbit.native import build, sign_log
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
 
@@ -221,18 +221,33 @@ def midpoint_rows(tiny: float, rows: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("axis", [None, 0])
-def test_a_mean_on_a_float32_midpoint_is_certified_when_exact_and_declined_when_not(axis):
+def test_a_mean_on_a_float32_midpoint_is_certified_when_exact_and_taken_from_eager_when_not(axis):
     spec = lowbit.get_format("binary")(scaling_factor=True, axis=axis)
     rows = 1 if axis is None else 3
     exact = midpoint_rows(0.0, rows)
     assert_native_equals_eager(spec, exact)
     assert spec._quantize_in_dtype(exact, None)[0, 0].item() == 0.625  # the tie went to the even float
     undecided = midpoint_rows(1e-30, rows)
-    assert spec._native(undecided, torch.float32) is None
+    assert sign_log.binary(undecided, axis, True, True, None) is sign_log.UNCERTAIN  # the kernel alone declines
+    assert_native_equals_eager(spec, undecided)  # with the eager path's scale given, its element pass answers
     before = backend.get_backend()
     backend.set_backend("native")
     try:
-        got = spec.quantize(undecided)  # the eager path answers
+        got = spec.quantize(undecided)
     finally:
         backend.set_backend(before)
     assert torch.equal(got.view(torch.int32), spec._quantize_in_dtype(undecided, None).view(torch.int32))
+
+
+@pytest.mark.parametrize("params,threshold", [
+    ({}, None), ({"scaling_factor": True}, None), ({"scaling_factor": True, "alpha": 2.0}, None),
+    ({"scaling_factor": True, "threshold": 1e-35}, 1e-35), ({"scaling_factor": True, "axis": 0}, None),
+    ({"scaling_factor": True, "axis": 0, "threshold": 1e-35}, 1e-35)], ids=str)  # fmt: skip
+def test_ternary_statistics_the_kernel_cannot_certify_come_from_the_eager_path(params, threshold):
+    """TWN's mean |x| on the undecided midpoint rows (no threshold), or the scale over everything above a
+    threshold below the tiny element: the kernel declines, then runs with the eager statistics given."""
+    spec = lowbit.get_format("ternary")(**params)
+    x = midpoint_rows(1e-30, 3 if "axis" in params else 1)
+    alpha = (2.0,) if "alpha" in params else None
+    assert sign_log.ternary(x, spec.axis, threshold, spec.scaling_factor, alpha) is sign_log.UNCERTAIN
+    assert_native_equals_eager(spec, x)

@@ -126,7 +126,11 @@ class Binary(FormatSpec):
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
         if self.stochastic:
             return None
-        return sign_log.binary(x, self.axis, self.bipolar, self.scaling_factor, self.alpha)
+        result = sign_log.binary(x, self.axis, self.bipolar, self.scaling_factor, self.alpha)
+        if result is not sign_log.UNCERTAIN:
+            return result
+        (scale,) = per_group_statistics(x, self.axis, lambda blocked, dims: (self._scale(blocked, dims),))
+        return native_result(sign_log.binary(x, self.axis, self.bipolar, True, scale))
 
     def _scale(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         """alpha per block: the least-squares scale of the signs this format will choose."""
@@ -144,6 +148,26 @@ class Binary(FormatSpec):
             high = x >= 0 if self.bipolar else x > 0
         out = torch.where(high, alpha, low * alpha)
         return torch.where(torch.isnan(x), x, out)
+
+
+def per_group_statistics(x: torch.Tensor, axis: int | None, statistics) -> tuple[torch.Tensor | None, ...]:
+    """What ``statistics(blocked, dims)`` (a tuple of per-block tensors, keepdim, or None) gives over x's blocks
+    per tensor or along ``axis``, each as one float32 per group in the groups' order: the eager path's own
+    statistics for a native kernel that could not certify its own (sign_log.UNCERTAIN)."""
+    captured: list = []
+
+    def capture(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+        captured.extend(statistics(blocked, dims))
+        return blocked
+
+    apply_blockwise(x, block_shape(x.shape, None, axis), capture)
+    return tuple(None if value is None else value.reshape(-1).float() for value in captured)
+
+
+def native_result(result):
+    """A sign kernel's answer once given the eager statistics: the tensor, or None (the eager path) where it
+    still declines (out of memory)."""
+    return None if result is sign_log.UNCERTAIN else result
 
 
 def check_given_alpha(spec: FormatSpec) -> None:

@@ -31,7 +31,8 @@ import torch
 
 from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_float, check_int
 from lowbit.formats._registry import register
-from lowbit.formats.binary import check_given_alpha, given_alpha, masked_mean, mean_abs
+from lowbit.formats.binary import check_given_alpha, given_alpha, masked_mean, mean_abs, native_result
+from lowbit.formats.binary import per_group_statistics
 from lowbit.formats.blocking import apply_blockwise, block_shape, can_branch_on_data, scaled_bits_per_element
 from lowbit.native import sign_log
 
@@ -105,32 +106,59 @@ class Ternary(FormatSpec):
         return torch.where(torch.isnan(x), x, signs * given_alpha(self, x))
 
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
-        return sign_log.ternary(x, self.axis, self.fixed_threshold, self.scaling_factor, self.alpha)
+        result = sign_log.ternary(x, self.axis, self.fixed_threshold, self.scaling_factor, self.alpha)
+        if result is not sign_log.UNCERTAIN:
+            return result
+        delta, scale = per_group_statistics(x, self.axis, self._block_statistics)
+        alpha = scale if scale is not None else self.alpha
+        return native_result(sign_log.ternary(x, self.axis, delta, alpha is not None, alpha))
+
+    def _block_statistics(self, blocked: torch.Tensor, dims: tuple[int, ...]):
+        """(delta, computed scale or None) per block, as the eager path computes them for these values."""
+        if self.alpha is None and can_branch_on_data(blocked):
+            finite = self._finite_statistics(blocked, dims)
+            if finite is not None:
+                return finite[0], finite[1] if self.scaling_factor else None
+        delta = self._delta(blocked, dims)
+        if self.alpha is not None or not self.scaling_factor:
+            return delta, None
+        return delta, self._scale(blocked, self._signs_by(blocked, delta), dims)
+
+    def _delta(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+        """delta per block: the fixed threshold, or TWN's 0.75 mean |x|."""
+        fixed = self.fixed_threshold
+        if fixed is None:
+            return TWN_FACTOR * mean_abs(blocked, dims)
+        return torch.tensor(fixed, dtype=blocked.dtype, device=blocked.device)
 
     def _signs(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         """-1, 0 or +1 per element by the threshold delta (given, from statistics, or TWN per block)."""
-        fixed = self.fixed_threshold
-        if fixed is None:
-            delta = TWN_FACTOR * mean_abs(blocked, dims)
-        else:
-            delta = torch.tensor(fixed, dtype=blocked.dtype, device=blocked.device)
+        return self._signs_by(blocked, self._delta(blocked, dims))
+
+    @staticmethod
+    def _signs_by(blocked: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         return (blocked > delta).to(blocked.dtype) - (blocked < -delta).to(blocked.dtype)
+
+    @staticmethod
+    def _scale(blocked: torch.Tensor, signs: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+        """TWN's scale per block: mean |x| over the finite elements the signs select."""
+        return masked_mean(blocked.abs(), (signs != 0) & torch.isfinite(blocked), dims)
 
     def _ternarize(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         if can_branch_on_data(blocked):
-            fast = self._ternarize_finite(blocked, dims)
-            if fast is not None:
-                return fast
-        signs = self._signs(blocked, dims)
+            finite = self._finite_statistics(blocked, dims)
+            if finite is not None:  # +-value where selected (the sign of x), +0 elsewhere (-0 + 0 is +0)
+                return torch.copysign(finite[1], blocked).mul_(finite[2]).add_(0.0)
+        delta = self._delta(blocked, dims)
+        signs = self._signs_by(blocked, delta)
         if self.scaling_factor:
-            above = (signs != 0) & torch.isfinite(blocked)
-            signs = signs * masked_mean(blocked.abs(), above, dims)
+            signs = signs * self._scale(blocked, signs, dims)
         return torch.where(torch.isnan(blocked), blocked, signs)
 
-    def _ternarize_finite(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor | None:
-        """``_ternarize`` in fewer passes when every element is finite (None otherwise): the same threshold
-        and scale from one |x| tensor, and no ``where`` (slow on the CPU); |x| > delta selects both signs
-        (delta >= 0)."""
+    def _finite_statistics(self, blocked: torch.Tensor, dims: tuple[int, ...]):
+        """``_ternarize``'s threshold, value and selection in fewer passes when every element is finite (None
+        otherwise): the same delta and scale from one |x| tensor, and no ``where`` (slow on the CPU); |x| >
+        delta selects both signs (delta >= 0). Returns (delta, value: the scale or 1, selected: 1.0 / 0.0)."""
         block_numel = math.prod(blocked.shape[d] for d in dims)
         if blocked.numel() == 0 or block_numel > _EXACT_EQUAL_SUM or blocked.dtype == torch.float64:
             return None  # (float64: n equal values need not sum exactly; masked_mean's rule then)
@@ -151,8 +179,7 @@ class Ternary(FormatSpec):
             value = _plain_mean(magnitude.mul_(selected), count, dims)
         else:
             value = torch.ones((), dtype=blocked.dtype, device=blocked.device)
-        # +-value where selected (the sign of x), +0 elsewhere (-0 + 0 is +0): what signs * value gives
-        return torch.copysign(value, blocked).mul_(selected).add_(0.0)
+        return delta, value, selected
 
 
 def _plain_mean(kept: torch.Tensor, count, dims: tuple[int, ...]) -> torch.Tensor:
