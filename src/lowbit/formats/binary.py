@@ -37,6 +37,7 @@ from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_given
 from lowbit.formats._base import is_number
 from lowbit.formats._registry import register
 from lowbit.formats.blocking import apply_blockwise, block_shape, given_per_axis, scaled_bits_per_element
+from lowbit.formats.means import rounded_mean
 from lowbit.native import sign_log
 
 
@@ -44,22 +45,17 @@ _COUNTED_GRID_SIZE = 16
 
 
 def masked_mean(magnitude: torch.Tensor, selected: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """Mean of ``magnitude`` (>= 0, finite where selected) over the selected elements of each block: their
-    float64 sum over the count, rounded once to the magnitudes' dtype. No selection gives 0.
+    """Mean of ``magnitude`` (>= 0, finite where selected) over the selected elements of each block: the exact
+    mean rounded once to float32 (``means.rounded_mean``). No selection gives 0.
 
     When every selected magnitude is equal the mean is that value exactly, so quantizing an already
-    quantized tensor reproduces its scale bit for bit (the sum is exact then up to 2^29 elements a block;
-    the rule below covers larger blocks too).
+    quantized tensor reproduces its scale bit for bit (the rule below also covers float64 tensors).
     """
     kept = torch.where(selected, magnitude, torch.zeros_like(magnitude))
     top = kept.amax(dim=dims, keepdim=True)
     bottom = torch.where(selected, magnitude, torch.full_like(magnitude, math.inf)).amin(dim=dims, keepdim=True)
     count = selected.sum(dim=dims, keepdim=True).clamp(min=1)
-    # Accumulate in float64: eager, compiled and native kernels sum in different orders, and float64 partial
-    # sums make the mean they round to the same on every path (the native kernels certify it; sign.c).
-    total = kept.sum(dim=dims, keepdim=True, dtype=torch.float64)
-    mean = (total / count).to(magnitude.dtype)
-    return torch.where(top == bottom, top, mean)
+    return torch.where(top == bottom, top, rounded_mean(kept, count, dims))
 
 
 def mean_abs(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
@@ -126,11 +122,7 @@ class Binary(FormatSpec):
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
         if self.stochastic:
             return None
-        result = sign_log.binary(x, self.axis, self.bipolar, self.scaling_factor, self.alpha)
-        if result is not sign_log.UNCERTAIN:
-            return result
-        (scale,) = per_group_statistics(x, self.axis, lambda blocked, dims: (self._scale(blocked, dims),))
-        return native_result(sign_log.binary(x, self.axis, self.bipolar, True, scale))
+        return sign_log.binary(x, self.axis, self.bipolar, self.scaling_factor, self.alpha)
 
     def _scale(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         """alpha per block: the least-squares scale of the signs this format will choose."""
@@ -148,26 +140,6 @@ class Binary(FormatSpec):
             high = x >= 0 if self.bipolar else x > 0
         out = torch.where(high, alpha, low * alpha)
         return torch.where(torch.isnan(x), x, out)
-
-
-def per_group_statistics(x: torch.Tensor, axis: int | None, statistics) -> tuple[torch.Tensor | None, ...]:
-    """What ``statistics(blocked, dims)`` (a tuple of per-block tensors, keepdim, or None) gives over x's blocks
-    per tensor or along ``axis``, each as one float32 per group in the groups' order: the eager path's own
-    statistics for a native kernel that could not certify its own (sign_log.UNCERTAIN)."""
-    captured: list = []
-
-    def capture(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-        captured.extend(statistics(blocked, dims))
-        return blocked
-
-    apply_blockwise(x, block_shape(x.shape, None, axis), capture)
-    return tuple(None if value is None else value.reshape(-1).float() for value in captured)
-
-
-def native_result(result):
-    """A sign kernel's answer once given the eager statistics: the tensor, or None (the eager path) where it
-    still declines (out of memory)."""
-    return None if result is sign_log.UNCERTAIN else result
 
 
 def check_given_alpha(spec: FormatSpec) -> None:

@@ -31,15 +31,14 @@ import torch
 
 from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_float, check_int
 from lowbit.formats._registry import register
-from lowbit.formats.binary import check_given_alpha, given_alpha, masked_mean, mean_abs, native_result
-from lowbit.formats.binary import per_group_statistics
+from lowbit.formats.binary import check_given_alpha, given_alpha, masked_mean, mean_abs
 from lowbit.formats.blocking import apply_blockwise, block_shape, can_branch_on_data, scaled_bits_per_element
+from lowbit.formats.means import rounded_mean
 from lowbit.native import sign_log
 
 # Threshold = factor * |statistic|, tried in this order (seed 002 / MASE 2023 priorities).
 STATISTIC_FACTORS: tuple[tuple[str, float], ...] = (("mean", 0.75), ("median", 0.75), ("max", 0.05))
 TWN_FACTOR = 0.75
-_EXACT_EQUAL_SUM = 2**29  # elements a block up to which n equal float32 (or narrower) values sum exactly in float64
 
 
 @register
@@ -106,23 +105,7 @@ class Ternary(FormatSpec):
         return torch.where(torch.isnan(x), x, signs * given_alpha(self, x))
 
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
-        result = sign_log.ternary(x, self.axis, self.fixed_threshold, self.scaling_factor, self.alpha)
-        if result is not sign_log.UNCERTAIN:
-            return result
-        delta, scale = per_group_statistics(x, self.axis, self._block_statistics)
-        alpha = scale if scale is not None else self.alpha
-        return native_result(sign_log.ternary(x, self.axis, delta, alpha is not None, alpha))
-
-    def _block_statistics(self, blocked: torch.Tensor, dims: tuple[int, ...]):
-        """(delta, computed scale or None) per block, as the eager path computes them for these values."""
-        if self.alpha is None and can_branch_on_data(blocked):
-            finite = self._finite_statistics(blocked, dims)
-            if finite is not None:
-                return finite[0], finite[1] if self.scaling_factor else None
-        delta = self._delta(blocked, dims)
-        if self.alpha is not None or not self.scaling_factor:
-            return delta, None
-        return delta, self._scale(blocked, self._signs_by(blocked, delta), dims)
+        return sign_log.ternary(x, self.axis, self.fixed_threshold, self.scaling_factor, self.alpha)
 
     def _delta(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         """delta per block: the fixed threshold, or TWN's 0.75 mean |x|."""
@@ -160,7 +143,7 @@ class Ternary(FormatSpec):
         otherwise): the same delta and scale from one |x| tensor, and no ``where`` (slow on the CPU); |x| >
         delta selects both signs (delta >= 0). Returns (delta, value: the scale or 1, selected: 1.0 / 0.0)."""
         block_numel = math.prod(blocked.shape[d] for d in dims)
-        if blocked.numel() == 0 or block_numel > _EXACT_EQUAL_SUM or blocked.dtype == torch.float64:
+        if blocked.numel() == 0 or blocked.dtype == torch.float64:
             return None  # (float64: n equal values need not sum exactly; masked_mean's rule then)
         magnitude = blocked.abs()
         if not bool(torch.isfinite(magnitude.amax()).all()):  # NaN and inf propagate into the max
@@ -183,9 +166,8 @@ class Ternary(FormatSpec):
 
 
 def _plain_mean(kept: torch.Tensor, count, dims: tuple[int, ...]) -> torch.Tensor:
-    """``masked_mean`` step for step, for finite float32 (or narrower) magnitudes already zero outside the
-    selection. Its "all selected values equal: that value" rule needs no check in blocks of up to 2^29
-    elements: then the float64 sum (n * v, at most 29 + 24 significant bits) is exact, and so is the quotient."""
-    total = kept.sum(dim=dims, keepdim=True, dtype=torch.float64)
+    """``masked_mean`` for finite float32 (or narrower) magnitudes already zero outside the selection. Its "all
+    selected values equal: that value" rule needs no check: their exact mean is that value, which rounded_mean
+    gives."""
     count = count.clamp(min=1) if isinstance(count, torch.Tensor) else max(1, count)
-    return (total / count).to(kept.dtype)
+    return rounded_mean(kept, count, dims)

@@ -1,8 +1,8 @@
 """Native kernels of the sign and logarithmic formats (csrc/log.c, csrc/sign*.c, csrc/residual.c): ``log``, ``binary``,
 ``binary_residual`` and ``ternary``. Each takes a float32 contiguous CPU tensor and returns the float32 result
 bit for bit as the eager ``_quantize`` gives it, or None where the kernel does not apply (no library, a
-stochastic or unknown mode, a layout or parameter outside its range, or a data-driven scale whose float32
-rounding the kernel cannot certify): the caller then runs the eager path."""
+stochastic or unknown mode, a layout or parameter outside its range, memory short for its statistics): the
+caller then runs the eager path."""
 
 from __future__ import annotations
 
@@ -58,21 +58,11 @@ def log(x: torch.Tensor, min_exponent: int, max_exponent: int, rounding: str, lo
     return out
 
 
-class _Uncertain:
-    """What ternary / binary return where a data-driven mean could not be certified bit for bit (its quotient
-    lies next to a float32 midpoint; about 1 tensor in 150 at 2112 x 384): the caller computes that statistic
-    as the eager path does and calls again with it given."""
-
-    def __repr__(self) -> str:
-        return "UNCERTAIN"
-
-
-UNCERTAIN = _Uncertain()
 Given = tuple[float, ...] | torch.Tensor | None  # one value, or one per group (per index of the axis)
 
 
 def ternary(x: torch.Tensor, axis: int | None, delta: float | Given, scaled: bool,
-            alpha: Given) -> torch.Tensor | _Uncertain | None:  # fmt: skip
+            alpha: Given) -> torch.Tensor | None:  # fmt: skip
     """formats/ternary.py: ``delta`` given (a threshold magnitude, or one per group) or None (TWN: 0.75 mean |x|
     per group); the values +-alpha (given), +-TWN scale (``scaled``) or +-1."""
     entry = kernels.function("lb_ternary_f32", [POINTER, POINTER, I64, I64, I64, POINTER, INT, POINTER, INT], INT)
@@ -85,11 +75,11 @@ def ternary(x: torch.Tensor, axis: int | None, delta: float | Given, scaled: boo
         return None
     done = entry(x.data_ptr(), out.data_ptr(), *layout, _address(deltas), int(scaled), _address(given),
                  kernels.threads())  # fmt: skip
-    return out if done else UNCERTAIN
+    return out if done else None
 
 
 def binary(x: torch.Tensor, axis: int | None, bipolar: bool, scaled: bool,
-           alpha: Given) -> torch.Tensor | _Uncertain | None:  # fmt: skip
+           alpha: Given) -> torch.Tensor | None:  # fmt: skip
     """formats/binary.py, deterministic: +-1 / {0, 1}, scaled by the given alpha or the per-group mean."""
     entry = kernels.function("lb_binary_f32", [POINTER, POINTER, I64, I64, I64, INT, INT, POINTER, INT], INT)
     prepared = _grouped(entry, x, axis if scaled else None, alpha)
@@ -97,7 +87,7 @@ def binary(x: torch.Tensor, axis: int | None, bipolar: bool, scaled: bool,
         return None
     layout, given, out = prepared
     done = entry(x.data_ptr(), out.data_ptr(), *layout, int(bipolar), int(scaled), _address(given), kernels.threads())
-    return out if done else UNCERTAIN
+    return out if done else None
 
 
 def _grouped(entry, x: torch.Tensor, axis: int | None, alpha: Given):

@@ -25,15 +25,14 @@ void lb_sign_element_range(const void *context, int64_t begin, int64_t end);
 enum { SELECT_NOT_NAN, SELECT_POSITIVE, SELECT_ABOVE };
 
 /* One mean per group over the same view of x, in pieces (sign_stats.c). Per piece and group ("slot"): the
- * float64 sum and the count of the kept magnitudes, or in a `least` pass the smallest positive one. */
+ * float64 sum and the count of the kept magnitudes. */
 typedef struct {
     const float *x;
     int64_t n, groups, inner, pieces, piece;
-    int select, least;
+    int select;
     const float *delta; /* per group (SELECT_ABOVE) */
     double *sum;        /* [pieces][groups] */
     int64_t *count;
-    int32_t *positive; /* bits */
     void *memory;
 } stats_job;
 
@@ -43,8 +42,8 @@ int lb_stats_open(stats_job *job, const float *x, int64_t outer, int64_t groups,
 void lb_stats_start(stats_job *job, int select, const float *delta);
 /* The pass over elements [begin, end) (an lb_parallel range function; a thread's range holds whole pieces). */
 void lb_stats_range(const void *context, int64_t begin, int64_t end);
-/* After the pass: mean[g] = formats/binary.masked_mean of the selection, bit for bit. 0 where a mean is not
- * certain, or is 0 over a nonempty selection and zero_ok is 0: the caller then runs the eager path. */
+/* After the pass: mean[g] = formats/binary.masked_mean of the selection, bit for bit. 0 where a mean is 0 over
+ * a nonempty selection and zero_ok is 0: the caller then runs the eager path. */
 int lb_stats_means(stats_job *job, float *mean, int zero_ok);
 
 #endif

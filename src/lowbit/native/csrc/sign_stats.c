@@ -1,14 +1,11 @@
 /* The sign formats' per-group statistics (formats/binary.py masked_mean, as binary and ternary use it).
  *
- * The eager mean sums the selected float32 magnitudes in float64 in torch's order and rounds sum / count to
- * float32 once. A sum in another order can differ in its last bits, so the mean here is certified instead:
- * every float64 sum of n nonnegative terms, in any order, is within (n - 1) u of the exact sum (u = 2^-53);
- * ours is too (with our own depth), so when the float32 rounding of the whole interval of possible quotients
- * is one float, that float is torch's result. Where it is not, the sum may still be exact in every order (all
- * terms multiples of a bit that 2^53 of cover the sum): a second, serial pass finds the smallest positive
- * term to tell. Otherwise (rare: the quotient lies next to a float32 midpoint) the caller runs the eager
- * path. One pass over x gives a mean. */
-#include <math.h>
+ * The mean is the exact mean of the selected float32 magnitudes rounded once to float32 (the eager path:
+ * torch's float64 sum, and an integer sum where that cannot decide). Our float64 sum, in our order, is within
+ * (n + depth) u of the exact one (u = 2^-53) whatever the order; when the float32 rounding of the whole
+ * interval of possible quotients is one float, that float is the mean. Otherwise (rare: the quotient lies
+ * next to a float32 midpoint) a serial pass sums the group's mantissas per exponent in integers and rounds
+ * the exact quotient. One pass over x gives a mean. */
 #include <stdlib.h>
 #include "lanes.h"
 #include "sign.h"
@@ -134,26 +131,9 @@ ALWAYS_INLINE void row_sums_of(const stats_job *job, int select, const float *x,
     }
 }
 
-/* The least pass (rare, serial): the smallest positive kept magnitude of a run (row = 0: one group) or of
- * a row's elements (one group each), as bits. */
-static void least_of(const stats_job *job, const float *x, int64_t length, int64_t group, int64_t s, int row) {
-    for (int64_t k = 0; k < length; k++) {
-        int32_t raw, selected, kept;
-        int64_t g = group + (row ? k : 0), slot = s + (row ? k : 0);
-        memcpy(&raw, x + k, sizeof raw);
-        int32_t delta = job->select == SELECT_ABOVE ? (int32_t)lb_bits(job->delta[g]) : 0;
-        kept = element_kept(raw, job->select, delta, &selected);
-        if (kept > 0 && kept < job->positive[slot]) job->positive[slot] = kept;
-    }
-}
-
 /* One group's run into the slot s, or with `row` one element of each group from `group` on (each selection
  * a constant in its copy of the loops). */
 static void stats_run(const stats_job *job, const float *x, int64_t length, int64_t group, int64_t s, int row) {
-    if (job->least) {
-        least_of(job, x, length, group, s, row);
-        return;
-    }
     switch (row * 4 + job->select) {
     case SELECT_NOT_NAN: run_sums_of(job, SELECT_NOT_NAN, x, length, group, s); break;
     case SELECT_POSITIVE: run_sums_of(job, SELECT_POSITIVE, x, length, group, s); break;
@@ -194,70 +174,127 @@ int lb_stats_open(stats_job *job, const float *x, int64_t outer, int64_t groups,
         piece = (PIECE + inner - 1) / inner * inner, pieces = 1;
     }
     int64_t slots = pieces * groups;
-    char *memory = malloc((size_t)slots * (sizeof(double) + sizeof(int64_t) + sizeof(int32_t)));
+    char *memory = malloc((size_t)slots * (sizeof(double) + sizeof(int64_t)));
     *job = (stats_job){.x = x, .n = n, .groups = groups, .inner = inner, .pieces = pieces, .piece = piece,
                        .memory = memory};
     if (!memory) return 0;
     job->sum = (double *)memory;
     job->count = (int64_t *)(job->sum + slots);
-    job->positive = (int32_t *)(job->count + slots);
     return 1;
 }
 
 void lb_stats_start(stats_job *job, int select, const float *delta) {
     int64_t slots = job->pieces * job->groups;
-    job->select = select, job->delta = delta, job->least = 0;
-    for (int64_t s = 0; s < slots; s++) job->sum[s] = 0.0, job->count[s] = 0, job->positive[s] = NONE;
+    job->select = select, job->delta = delta;
+    for (int64_t s = 0; s < slots; s++) job->sum[s] = 0.0, job->count[s] = 0;
 }
 
-/* masked_mean's float32 result from our float64 sum of `count` nonnegative float32 terms, each a multiple of
- * the last mantissa bit of `least` (a float at or below every positive term; 0 when not known), or 0 when not
- * certain. Where the exact sum is below 2^53 such bits, every partial sum in every order is exact (so is
- * ours); otherwise both sums are within (terms + depth) u of the exact one. */
-static int certified_mean(double sum, int64_t count, int64_t depth, float least, float *mean) {
-    int32_t field = (int32_t)(lb_bits(least) >> 23);
-    int32_t quantum = field == 0 ? -149 : field - 127 - 23; /* least's last mantissa bit */
-    /* an inexact sum of fewer than 2^33 terms is within 2^-20 of the exact one, so one this far below the
-     * bound is exact */
-    int exact = count + depth < ((int64_t)1 << 33) && sum <= ldexp(1.0, 53 + quantum) * (1.0 - 0x1p-20);
-    double divisor = (double)(count > 1 ? count : 1), quotient = sum / divisor;
-    double spread = exact ? 0.0 : (double)(count + depth + 16) * 0x1p-52;
+/* ---------------------------------------------------------------- means ------------------------------ */
+
+/* The mean's float32 rounding from our float64 sum of `count` nonnegative terms, or 0 where the rounding of
+ * the interval the exact quotient lies in (both sums within (terms + depth) u of the exact one, the quotient
+ * one more rounding) is not one float. */
+static int certified_mean(double sum, int64_t count, int64_t depth, float *mean) {
+    double quotient = sum / (double)count, spread = (double)(count + depth + 16) * 0x1p-52;
     float low = (float)(quotient * (1.0 - spread)), high = (float)(quotient * (1.0 + spread));
     if (low != high) return 0;
     *mean = low;
     return 1;
 }
 
-/* Group g's mean from its slots (least: with the positive slots of a least pass, else not knowing the
- * smallest term) and its count. */
-static int group_mean(const stats_job *job, int64_t g, int64_t depth, int least, float *mean, int64_t *count_out) {
-    double total = 0.0;
-    int64_t count = 0;
-    int32_t positive = NONE;
-    for (int64_t p = 0; p < job->pieces; p++) {
-        int64_t s = p * job->groups + g;
-        total += job->sum[s], count += job->count[s];
-        positive = job->positive[s] < positive ? job->positive[s] : positive;
+/* A nonnegative integer of WIDE_WORDS 64-bit words, least significant first: a sum of up to 2^39 float32
+ * magnitudes in units of 2^-149 (24 mantissa bits at shifts up to 253, plus 39 bits of count) fits. */
+#define WIDE_WORDS 6
+typedef struct {
+    uint64_t word[WIDE_WORDS];
+} wide;
+
+static void wide_add(wide *a, uint64_t value, int shift) {
+    unsigned __int128 carry = (unsigned __int128)value << (shift % 64);
+    for (int w = shift / 64; w < WIDE_WORDS && carry; w++) {
+        carry += a->word[w];
+        a->word[w] = (uint64_t)carry;
+        carry >>= 64;
     }
-    *count_out = count;
-    if (count == 0) {
-        *mean = 0.0f;
-        return 1;
+}
+
+/* a = a / divisor (truncated); returns the remainder. */
+static uint64_t wide_divide(wide *a, uint64_t divisor) {
+    unsigned __int128 remainder = 0;
+    for (int w = WIDE_WORDS - 1; w >= 0; w--) {
+        unsigned __int128 current = remainder << 64 | a->word[w];
+        a->word[w] = (uint64_t)(current / divisor), remainder = current % divisor;
     }
-    return certified_mean(total, count, depth, least ? lb_float((uint32_t)positive) : 0.0f, mean);
+    return (uint64_t)remainder;
+}
+
+static int wide_top_bit(const wide *a) { /* -1 for zero */
+    for (int w = WIDE_WORDS - 1; w >= 0; w--)
+        if (a->word[w]) return w * 64 + 63 - __builtin_clzll(a->word[w]);
+    return -1;
+}
+
+static uint64_t wide_bits(const wide *a, int from, int count) { /* bits [from, from + count), count < 64 */
+    int w = from / 64, b = from % 64;
+    uint64_t bits = a->word[w] >> b;
+    if (b && w + 1 < WIDE_WORDS) bits |= a->word[w + 1] << (64 - b);
+    return bits & ((UINT64_C(1) << count) - 1);
+}
+
+static int wide_any_below(const wide *a, int bit) {
+    for (int w = 0; w * 64 < bit; w++) {
+        int below = bit - w * 64;
+        if (a->word[w] & (below >= 64 ? ~UINT64_C(0) : (UINT64_C(1) << below) - 1)) return 1;
+    }
+    return 0;
+}
+
+/* (units * 2^-149) / count rounded to float32, ties to even (units: the exact sum; count >= 1). */
+static float exact_quotient(wide *units, uint64_t count) {
+    uint64_t remainder = wide_divide(units, count);
+    int top = wide_top_bit(units), shift = top > 23 ? top - 23 : 0, up;
+    uint64_t mantissa = wide_bits(units, shift, 24);
+    if (shift == 0) { /* the fraction is remainder / count */
+        unsigned __int128 twice = (unsigned __int128)remainder * 2;
+        up = twice > count || (twice == count && (mantissa & 1));
+    } else {
+        int half = (int)wide_bits(units, shift - 1, 1), sticky = remainder || wide_any_below(units, shift - 1);
+        up = half && (sticky || (mantissa & 1));
+    }
+    mantissa += (uint64_t)up;
+    if (top < 23) return lb_float((uint32_t)mantissa); /* subnormal (or, rounded up, the smallest normal) */
+    if (mantissa >> 24) mantissa >>= 1, shift++;
+    return lb_float((uint32_t)(shift + 1) << 23 | (uint32_t)(mantissa & 0x7fffff)); /* mantissa * 2^(shift-149) */
+}
+
+/* Group g's mean exactly (serial, rare): its kept magnitudes' mantissas summed per exponent in integers, the
+ * sums shifted into one wide integer, divided by the count and rounded once. */
+static float exact_mean(const stats_job *job, int64_t g, int64_t count) {
+    uint64_t mantissas[255] = {0};
+    int32_t delta = job->select == SELECT_ABOVE ? (int32_t)lb_bits(job->delta[g]) : 0;
+    int64_t outer = job->n / (job->groups * job->inner);
+    for (int64_t o = 0; o < outer; o++) {
+        const float *row = job->x + (o * job->groups + g) * job->inner;
+        for (int64_t i = 0; i < job->inner; i++) {
+            int32_t raw, selected, kept;
+            memcpy(&raw, row + i, sizeof raw);
+            kept = element_kept(raw, job->select, delta, &selected);
+            mantissas[kept >> 23] += (uint64_t)((kept & 0x7fffff) | (kept >= 0x800000 ? 0x800000 : 0));
+        }
+    }
+    wide units = {{0}};
+    for (int e = 0; e < 255; e++) wide_add(&units, mantissas[e], e > 0 ? e - 1 : 0); /* value = m 2^(max(e,1)-150) */
+    return exact_quotient(&units, (uint64_t)count);
 }
 
 int lb_stats_means(stats_job *job, float *mean, int zero_ok) {
     int64_t depth = (job->n < job->piece ? job->n : job->piece) + job->pieces;
-    int least = 0;
     for (int64_t g = 0; g < job->groups; g++) {
-        int64_t count;
-        if (!group_mean(job, g, depth, least, &mean[g], &count)) {
-            if (least) return 0;
-            job->least = least = 1; /* once: every group's smallest term, then this group again */
-            lb_stats_range(job, 0, job->n);
-            if (!group_mean(job, g, depth, least, &mean[g], &count)) return 0;
-        }
+        double total = 0.0;
+        int64_t count = 0;
+        for (int64_t p = 0; p < job->pieces; p++) total += job->sum[p * job->groups + g], count += job->count[p * job->groups + g];
+        if (count == 0) mean[g] = 0.0f;
+        else if (!certified_mean(total, count, depth, &mean[g])) mean[g] = exact_mean(job, g, count);
         if (!zero_ok && count > 0 && mean[g] == 0.0f) return 0;
     }
     return 1;
