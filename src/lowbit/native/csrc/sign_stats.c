@@ -1,11 +1,11 @@
 /* The sign formats' per-group statistics (formats/binary.py masked_mean, as binary and ternary use it).
  *
- * The mean is the exact mean of the selected float32 magnitudes rounded once to float32 (the eager path:
- * torch's float64 sum, and an integer sum where that cannot decide). Our float64 sum, in our order, is within
- * (n + depth) u of the exact one (u = 2^-53) whatever the order; when the float32 rounding of the whole
- * interval of possible quotients is one float, that float is the mean. Otherwise (rare: the quotient lies
- * next to a float32 midpoint) a serial pass sums the group's mantissas per exponent in integers and rounds
- * the exact quotient. One pass over x gives a mean. */
+ * The mean is the exact mean of the selected float32 magnitudes rounded once to float32 (formats/means.py).
+ * Our float64 sum passes each term through at most `depth` additions (sum_depth: about 1/32 of a piece's
+ * elements, not all of them), so it is within about depth u of the exact sum (u = 2^-53); when the float32
+ * rounding of the whole interval of possible quotients is one float, that float is the mean. Otherwise
+ * (rare: the quotient lies next to a float32 midpoint) a serial pass sums the group's mantissas per exponent
+ * in integers and rounds the exact quotient. One pass over x gives a mean. */
 #include <stdlib.h>
 #include "lanes.h"
 #include "sign.h"
@@ -191,15 +191,26 @@ void lb_stats_start(stats_job *job, int select, const float *delta) {
 
 /* ---------------------------------------------------------------- means ------------------------------ */
 
-/* The mean's float32 rounding from our float64 sum of `count` nonnegative terms, or 0 where the rounding of
- * the interval the exact quotient lies in (both sums within (terms + depth) u of the exact one, the quotient
- * one more rounding) is not one float. */
+/* The mean's float32 rounding from our float64 sum of nonnegative terms, or 0 where the rounding of the
+ * interval the exact quotient lies in is not one float. Every term reaches our sum through at most `depth`
+ * float64 additions, so the sum is within about depth u of the exact one (u = 2^-53) and the quotient one
+ * rounding more; the interval is twice that wide. */
 static int certified_mean(double sum, int64_t count, int64_t depth, float *mean) {
-    double quotient = sum / (double)count, spread = (double)(count + depth + 16) * 0x1p-52;
+    double quotient = sum / (double)count, spread = (double)(depth + 16) * 0x1p-52;
     float low = (float)(quotient * (1.0 - spread)), high = (float)(quotient * (1.0 + spread));
     if (low != high) return 0;
     *mean = low;
     return 1;
+}
+
+/* The most float64 additions a term passes through on its way into a group's total. A run (run_sums_of):
+ * its lane of the accumulators (one term per 2 LANES elements, two more from the tail), sums_total (at most
+ * 10), the slot's sum of the piece's runs of that group (one per inner elements, one more), the pieces. A row
+ * (row_sums_of): one term per row of the piece into the slot, then the pieces. */
+static int64_t sum_depth(const stats_job *job) {
+    int64_t in_slot = job->groups > 1 && job->inner == 1 ? job->piece / job->groups + 1
+                                                         : job->piece / (2 * LANES) + 2 + 10 + job->piece / job->inner + 1;
+    return in_slot + job->pieces + 1;
 }
 
 /* A nonnegative integer of WIDE_WORDS 64-bit words, least significant first: a sum of up to 2^39 float32
@@ -288,7 +299,7 @@ static float exact_mean(const stats_job *job, int64_t g, int64_t count) {
 }
 
 int lb_stats_means(stats_job *job, float *mean, int zero_ok) {
-    int64_t depth = (job->n < job->piece ? job->n : job->piece) + job->pieces;
+    int64_t depth = sum_depth(job);
     for (int64_t g = 0; g < job->groups; g++) {
         double total = 0.0;
         int64_t count = 0;
