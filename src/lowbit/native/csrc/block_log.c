@@ -45,19 +45,20 @@ static inline float power_of_two(float v, int min_exponent, int max_exponent, co
 }
 
 /* log.nearest_power_of_two_finite (finite blocks, 2^(min_exponent - 1) normal): rounding the significand to
- * no fraction bits, ties to the even exponent code, by an integer add; clamp; zero below the midpoint. */
+ * no fraction bits, ties to the even exponent code, by an integer add; clamp; zero below the midpoint. All on
+ * the bits: a nonnegative float orders as its bits do, and the powers are normal, so the clamp is an integer
+ * min / max, "zero below the midpoint" a select, and the sign x's sign bit. */
 LB_INLINE void nearest_power_float(const float *restrict x, float *restrict out, int64_t length, int min_exponent,
                                    int max_exponent) {
     uint32_t parity_offset = (uint32_t)(min_exponent & 1);
-    float smallest = exact_pow2_float(min_exponent);
-    float largest = exact_pow2_float(max_exponent > 127 ? 127 : max_exponent);
-    float midpoint = exact_pow2_float(min_exponent - 1);
+    int32_t smallest = (min_exponent + 127) << 23, midpoint = (min_exponent - 1 + 127) << 23;
+    int32_t largest = ((max_exponent > 127 ? 127 : max_exponent) + 127) << 23;
     LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) {
-        float magnitude = fabsf(x[k]);
-        uint32_t bits = lb_bits(magnitude), parity = ((bits >> 23) + parity_offset) & 1u;
-        float power = lb_float((parity + bits + (1u << 22) - 1u) & 0x7f800000u);
+        uint32_t raw = lb_bits(x[k]), bits = raw & 0x7fffffffu, parity = ((bits >> 23) + parity_offset) & 1u;
+        int32_t power = (int32_t)((parity + bits + (1u << 22) - 1u) & 0x7f800000u);
         power = power < smallest ? smallest : (power > largest ? largest : power);
-        out[k] = copysignf(power * (magnitude > midpoint ? 1.0f : 0.0f), x[k]);
+        power = (int32_t)bits > midpoint ? power : 0;
+        out[k] = lb_float((uint32_t)power | (raw & 0x80000000u));
     }
 }
 
