@@ -3,8 +3,9 @@
 ``binary``
     Value set: bipolar {-1, +1} (x >= 0 -> +1, so both +0 and -0 -> +1) or unipolar {0, 1} (x > 0 -> 1).
     With ``scaling_factor`` the values are {-alpha, +alpha} / {0, alpha}, one alpha per tensor (or per index
-    of ``axis``): bipolar alpha = mean |x|, unipolar alpha = mean of the positive x. Both are the scale that
-    minimises the squared error for the chosen signs, and re-quantizing gives the same alpha (idempotent).
+    of ``axis``): bipolar alpha = mean |x|, unipolar alpha = mean of the positive x (the exact mean rounded
+    once to float32, ``means.rounded_mean``). Both are the scale that minimises the squared error for the
+    chosen signs, and re-quantizing gives the same alpha (idempotent).
     Stochastic rounding (``stochastic=True`` or ``rounding="stochastic"``) picks the high value with
     probability clamp((x / alpha + 1) / 2, 0, 1) (bipolar) or clamp(x / alpha, 0, 1) (unipolar), so
     E[y] = x inside [-alpha, alpha] / [0, alpha]: unbiased. Max = alpha (1 unscaled), no subnormals; zero is

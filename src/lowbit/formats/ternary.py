@@ -11,7 +11,8 @@ comes from, in order:
    ``axis``), NaN and +-inf counted as 0.
 
 alpha = mean |x| over the finite elements above delta in each group (TWN's least-squares optimum; exact
-when they are all equal, so re-quantizing is idempotent). Max = alpha (1 unscaled), zero is exact, no
+when they are all equal, so re-quantizing is idempotent). Every mean here is the exact mean rounded once to
+float32 (``means.rounded_mean``). Max = alpha (1 unscaled), zero is exact, no
 subnormals. NaN stays NaN; +-inf become +-alpha (+-1 unscaled); an all-zero tensor gives zeros. Works on
 tensors of any rank. Unscaled with a fixed delta >= 1 the map is a threshold, not a rounding: +-1 itself
 falls below delta, so it is not idempotent there.
