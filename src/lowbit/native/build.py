@@ -37,7 +37,13 @@ from pathlib import Path
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
 # Exact IEEE semantics: no -ffast-math, no FMA contraction, no errno calls in the rounding functions.
-BASE_FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared", "-pthread"]
+# -fno-trapping-math changes no value (no reassociation, no contraction): it tells the compiler that no one
+# reads floating-point exception flags, so it may compute a float operation that the source keeps behind a
+# condition and select the result. Without it, GCC leaves such loops scalar wherever the target has no masked
+# vector operations: on an AVX2-class build 563 loops stayed scalar ("control flow in loop") and 896
+# vectorised; with it 87 and 1667 (GCC 12; AVX-512 masks hid most of this on the machines we tuned on).
+BASE_FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared",
+              "-pthread"]  # fmt: skip
 ARCH_FLAGS = [["-march=native"], []]  # the second: compilers / targets without -march=native
 OPENMP_FLAGS = ["-fopenmp"]
 BUILD_TIMEOUT_S = 120
