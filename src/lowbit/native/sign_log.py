@@ -36,9 +36,8 @@ def _address(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
-def _per_group(values: tuple[float, ...] | torch.Tensor | None, groups: int) -> torch.Tensor | None:
+def _per_group(values: tuple[float, ...] | None, groups: int) -> torch.Tensor | None:
     """Given per-tensor / per-channel values as one float32 per group, or None when their count fits neither."""
-    values = values.reshape(-1).tolist() if isinstance(values, torch.Tensor) else values
     if len(values) == 1:
         return torch.full((groups,), values[0], dtype=torch.float32)
     return torch.tensor(values, dtype=torch.float32) if len(values) == groups else None
@@ -58,28 +57,22 @@ def log(x: torch.Tensor, min_exponent: int, max_exponent: int, rounding: str, lo
     return out
 
 
-Given = tuple[float, ...] | torch.Tensor | None  # one value, or one per group (per index of the axis)
-
-
-def ternary(x: torch.Tensor, axis: int | None, delta: float | Given, scaled: bool,
-            alpha: Given) -> torch.Tensor | None:  # fmt: skip
-    """formats/ternary.py: ``delta`` given (a threshold magnitude, or one per group) or None (TWN: 0.75 mean |x|
-    per group); the values +-alpha (given), +-TWN scale (``scaled``) or +-1."""
-    entry = kernels.function("lb_ternary_f32", [POINTER, POINTER, I64, I64, I64, POINTER, INT, POINTER, INT], INT)
+def ternary(x: torch.Tensor, axis: int | None, threshold: float | None, scaled: bool,
+            alpha: tuple[float, ...] | None) -> torch.Tensor | None:  # fmt: skip
+    """formats/ternary.py: ``threshold`` fixed (already a magnitude) or None (TWN: 0.75 mean |x| per group);
+    the values +-alpha (given), +-TWN scale (``scaled``) or +-1."""
+    entry = kernels.function("lb_ternary_f32", [POINTER, POINTER, I64, I64, I64, INT, FLOAT, INT, POINTER, INT], INT)
     prepared = _grouped(entry, x, axis, alpha)
     if prepared is None:
         return None
     layout, given, out = prepared
-    deltas = None if delta is None else _per_group((delta,) if isinstance(delta, float) else delta, layout[1])
-    if delta is not None and deltas is None:
-        return None
-    done = entry(x.data_ptr(), out.data_ptr(), *layout, _address(deltas), int(scaled), _address(given),
-                 kernels.threads())  # fmt: skip
+    done = entry(x.data_ptr(), out.data_ptr(), *layout, int(threshold is not None), threshold or 0.0, int(scaled),
+                 _address(given), kernels.threads())  # fmt: skip
     return out if done else None
 
 
 def binary(x: torch.Tensor, axis: int | None, bipolar: bool, scaled: bool,
-           alpha: Given) -> torch.Tensor | None:  # fmt: skip
+           alpha: tuple[float, ...] | None) -> torch.Tensor | None:  # fmt: skip
     """formats/binary.py, deterministic: +-1 / {0, 1}, scaled by the given alpha or the per-group mean."""
     entry = kernels.function("lb_binary_f32", [POINTER, POINTER, I64, I64, I64, INT, INT, POINTER, INT], INT)
     prepared = _grouped(entry, x, axis if scaled else None, alpha)
@@ -90,7 +83,7 @@ def binary(x: torch.Tensor, axis: int | None, bipolar: bool, scaled: bool,
     return out if done else None
 
 
-def _grouped(entry, x: torch.Tensor, axis: int | None, alpha: Given):
+def _grouped(entry, x: torch.Tensor, axis: int | None, alpha: tuple[float, ...] | None):
     """(group layout, the given alphas as one float32 per group or None, output tensor) for ternary / binary, or
     None where the kernel does not apply (no library, an axis x lacks, an empty tensor, alphas matching no
     group count)."""

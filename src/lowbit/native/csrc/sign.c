@@ -73,25 +73,24 @@ static int plan_open(sign_plan *plan, const float *x, float *out, int64_t groups
     return 1;
 }
 
-/* formats/ternary.py: delta = the given delta[g] (a threshold, or a statistic the caller computed) or, where
- * delta is NULL, 0.75 mean |x| per group (TWN); the value is the given alpha[g], the TWN scale (scaled) or 1.
- * Returns 1, or 0 where a mean is not certain (see lb_stats_means) or memory is short. */
-int lb_ternary_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, const float *delta,
-                   int scaled, const float *alpha, int threads) {
+/* formats/ternary.py: delta = threshold (fixed) or 0.75 mean |x| per group (TWN); the value is the given
+ * alpha[g], the TWN scale (scaled) or 1. Returns 1, or 0 where memory is short or a scale is 0 over a nonempty
+ * selection (see lb_stats_means): the caller runs the eager path. */
+int lb_ternary_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, int fixed,
+                   float threshold, int scaled, const float *alpha, int threads) {
     sign_plan plan;
     if (!plan_open(&plan, x, out, groups, inner, ELEMENT_TERNARY)) return 0;
     for (int64_t g = 0; g < groups; g++) {
-        plan.delta[g] = delta ? delta[g] : 0.0f;
+        plan.delta[g] = fixed ? threshold : 0.0f;
         plan.value[g] = alpha ? alpha[g] : 1.0f;
     }
-    if (!delta) plan_add(&plan, STEP_TWN_DELTA, SELECT_NOT_NAN);
+    if (!fixed) plan_add(&plan, STEP_TWN_DELTA, SELECT_NOT_NAN);
     if (scaled && !alpha) plan_add(&plan, STEP_MEAN, SELECT_ABOVE);
     return plan_run(&plan, outer, groups, inner, threads);
 }
 
 /* formats/binary.py (deterministic): the value is the given alpha[g], mean |x| (bipolar) or the mean of the
- * finite positives (unipolar) per group when scaled, or 1. Returns 1, or 0 where the mean is not certain or
- * memory is short. */
+ * finite positives (unipolar) per group when scaled, or 1. Returns 1, or 0 where memory is short. */
 int lb_binary_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, int bipolar,
                   int scaled, const float *alpha, int threads) {
     sign_plan plan;
