@@ -13,10 +13,6 @@ enum { LAYOUT_TENSOR, LAYOUT_ROWS, LAYOUT_CHANNELS, LAYOUT_GIVEN };
 #define MAX_PARTS 64
 #define BATCH 64 /* blocks of a row chunk taken together */
 
-static inline float clamp_codes(float v, float low, float high) { /* torch.clamp: NaN stays NaN */
-    return v < low ? low : (v > high ? high : v);
-}
-
 static inline int is_directed(int mode) { return mode >= LB_TOWARD_ZERO; }
 
 /* ---- one element -------------------------------------------------------------------------------------- */
@@ -39,7 +35,7 @@ static inline float round_steps(float v, float scale, float inverse, int mode) {
  * change a result and is left out. */
 static inline float affine_value(float v, float scale, float inverse, float zero_point, float low, float high,
                                  int mode, int bounded) {
-    float codes = clamp_codes(round_steps(v, scale, inverse, mode) + zero_point, low, high);
+    float codes = lb_clamp_range(round_steps(v, scale, inverse, mode) + zero_point, low, high);
     float value = (codes - zero_point) * scale;
     return bounded ? value : lb_clamp(value, FLT_MAX);
 }
@@ -113,7 +109,7 @@ static float derived_zero_point(const lb_affine_spec *c, float low, float scale,
     if (c->kind != KIND_ASYMMETRIC) return 0.0f;
     float inverse = 1.0f / scale;
     float steps = pins ? rintf(low * inverse) : round_steps(low, scale, inverse, c->mode);
-    return clamp_codes(c->q_min - steps, c->q_min, c->q_max);
+    return lb_clamp_range(c->q_min - steps, c->q_min, c->q_max);
 }
 
 static affine_params fit_scale(const lb_affine_spec *c, float raw, float low, float high, int pins) {
@@ -213,7 +209,7 @@ LB_INLINE float bf16_scale_up(float s) {
 }
 
 LB_INLINE float nearest_zero_point(const lb_affine_spec *c, int kind, float low, float inverse, int mode) {
-    return kind != KIND_ASYMMETRIC ? 0.0f : clamp_codes(c->q_min - lb_round(low * inverse, mode), c->q_min, c->q_max);
+    return kind != KIND_ASYMMETRIC ? 0.0f : lb_clamp_range(c->q_min - lb_round(low * inverse, mode), c->q_min, c->q_max);
 }
 
 LB_INLINE int derive_nearest(const lb_affine_spec *c, float *lows, float *highs, int64_t count,

@@ -64,14 +64,6 @@ static inline double pow2_double(int k) { /* torch.ldexp(1.0, k) in float64: inf
     return value;
 }
 
-/* lb_clamp (torch.clamp to [-limit, limit], NaN kept) as a min then a max, each written so that a NaN v
- * compares false and passes through: one instruction each on x86 (minps / maxps keep their second operand
- * when either is NaN). */
-static inline float clamp_symmetric(float v, float limit) {
-    float below = limit < v ? limit : v;
-    return -limit > below ? -limit : below;
-}
-
 static inline double clamp_double(double v, double limit) { return v > limit ? limit : (v < -limit ? -limit : v); }
 
 /* lb_grid_round with the division by the step (a power of two) done as a multiplication by its reciprocal,
@@ -314,11 +306,11 @@ LB_INLINE void grid_block(const float *restrict x, float *restrict out, int64_t 
     if (mantissa_bits >= 1 && min_exponent - mantissa_bits >= -126) { /* the bit path: every step normal */
         int32_t shift = mantissa_bits << 23, smallest = (min_exponent - mantissa_bits + 127) << 23;
         LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++)
-            out[k] = clamp_symmetric(grid_round_fast(x[k], shift, smallest, mode), limit);
+            out[k] = lb_clamp(grid_round_fast(x[k], shift, smallest, mode), limit);
     } else {
         LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) {
             float step = general_step(x[k], min_exponent, mantissa_bits);
-            out[k] = clamp_symmetric(lb_round(x[k] / step, mode) * step, limit);
+            out[k] = lb_clamp(lb_round(x[k] / step, mode) * step, limit);
         }
     }
 }

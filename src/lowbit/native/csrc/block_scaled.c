@@ -95,10 +95,10 @@ LB_INLINE void block_fp_apply(const block_fp_job *job, block_fp_params params, c
         float step = params.step, inverse = params.inverse, top = job->float_top;
         if (inverse != 0.0f) {
             LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++)
-                out[k] = clamp_symmetric(lb_round(x[k] * inverse, mode), top) * step;
+                out[k] = lb_clamp(lb_round(x[k] * inverse, mode), top) * step;
         } else {
             LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++)
-                out[k] = clamp_symmetric(lb_round(x[k] / step, mode), top) * step;
+                out[k] = lb_clamp(lb_round(x[k] / step, mode), top) * step;
         }
     } else { /* _quantize_blocks in float64, cast back */
         double step = pow2_double(params.power), top = job->top_code;

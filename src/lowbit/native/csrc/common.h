@@ -74,8 +74,17 @@ static inline int lb_mirrored_mode(int mode) {
 static inline uint32_t lb_bits(float v) { uint32_t b; memcpy(&b, &v, 4); return b; }
 static inline float lb_float(uint32_t b) { float v; memcpy(&v, &b, 4); return v; }
 
-/* torch.clamp(v, -limit, limit): NaN stays NaN. */
-static inline float lb_clamp(float v, float limit) { return v > limit ? limit : (v < -limit ? -limit : v); }
+/* torch.clamp(v, low, high) for low <= high, NaN kept: the value of v < low ? low : (v > high ? high : v),
+ * signed zeros included, as a min then a max, each written so that a NaN v compares false and passes through:
+ * one instruction each on x86 (minps / maxps keep their second operand when either is NaN), where the nested
+ * form takes four compares and three blends without AVX-512 masks. */
+static inline float lb_clamp_range(float v, float low, float high) {
+    float below = high < v ? high : v;
+    return low > below ? low : below;
+}
+
+/* torch.clamp(v, -limit, limit), limit >= 0. */
+static inline float lb_clamp(float v, float limit) { return lb_clamp_range(v, -limit, limit); }
 
 /* round(v / step) * step on a binary float grid (formats/_float_grid.py's bit path): step is v's exponent
  * field lowered by M binades (mantissa_shift = M << 23), clamped below at smallest_field = the biased

@@ -3,10 +3,6 @@
 #include <float.h>
 #include "common.h"
 
-static inline float clamp_codes(float v, float low, float high) { /* torch.clamp: NaN stays NaN */
-    return v < low ? low : (v > high ? high : v);
-}
-
 typedef struct {
     const float *x;
     float *out;
@@ -17,7 +13,7 @@ typedef struct {
 static inline float fixed_value(float v, fixed_job job, int keep_sign, int mode) {
     float scaled = v * job.multiplier;
     if (keep_sign && scaled == 0.0f && v != 0.0f) scaled = lb_sign(v) * FLT_MIN; /* underflow keeps the side */
-    return clamp_codes(lb_round(scaled, mode), job.q_min, job.q_max) * job.step;
+    return lb_clamp_range(lb_round(scaled, mode), job.q_min, job.q_max) * job.step;
 }
 
 /* the job's fields copied into locals (stores to out could otherwise alias them), keep_sign a constant */
