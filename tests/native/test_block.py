@@ -24,8 +24,12 @@ def library():
 def samples() -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(5)
     spread = torch.randn(6, 75, generator=generator) * torch.logspace(-40, 38, 75)  # tails of 75 % 32, 75 % 16
+    # rows of whole blocks of 16 and 32 (the kernels' loops across a group of blocks), one magnitude per row,
+    # with a zero block, an inf and a NaN among them (the group's unusual blocks)
+    whole = torch.randn(7, 96, generator=generator) * torch.logspace(-42, 36, 7)[:, None]
+    whole[2, :32], whole[4, 40], whole[5, 70] = 0.0, float("inf"), float("nan")
     return [spread, float32_patterns((5, 45), 7), torch.randn(3, 4, 33, generator=generator) * 1e-39,
-            torch.randint(-64, 64, (4, 48), generator=generator) / 16.0]  # fmt: skip
+            torch.randint(-64, 64, (4, 48), generator=generator) / 16.0, whole]  # fmt: skip
 
 
 def check(name: str, modes=DETERMINISTIC, out_dtype=torch.float32, **params) -> None:

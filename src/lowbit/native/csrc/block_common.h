@@ -66,15 +66,17 @@ static inline double pow2_double(int k) { /* torch.ldexp(1.0, k) in float64: inf
 
 static inline double clamp_double(double v, double limit) { return v > limit ? limit : (v < -limit ? -limit : v); }
 
-/* lb_grid_round with the division by the step (a power of two) done as a multiplication by its reciprocal,
- * which is exact whenever the reciprocal is a normal float (both give the one correctly rounded v / step);
- * the one step whose reciprocal is not (2^127, from inf with M = 1) leaves v as it is, as v / step does. */
+/* lb_grid_round (M >= 1) with the division by the step (a power of two) done as a multiplication by its
+ * reciprocal, which is exact whenever the reciprocal is a normal float (both give the one correctly rounded
+ * v / step). A finite v's step is at most 2^(127 - M) <= 2^126; the one step whose reciprocal is not normal
+ * (2^127, from inf or NaN with M = 1) is lowered to 2^126, which leaves inf and NaN as they are, as v / step
+ * does. */
 static inline float grid_round_fast(float v, int32_t mantissa_shift, int32_t smallest_field, int mode) {
     int32_t field = (int32_t)(lb_bits(v) & 0x7f800000u) - mantissa_shift;
     field = field < smallest_field ? smallest_field : field;
+    field = field > (253 << 23) ? (253 << 23) : field;
     float step = lb_float((uint32_t)field), inverse = lb_float((uint32_t)((254 << 23) - field));
-    float scaled = field >= (254 << 23) ? v : v * inverse;
-    return lb_round(scaled, mode) * step;
+    return lb_round(v * inverse, mode) * step;
 }
 
 /* The grid step 2^(max(floor_log2 |v|, min_exponent) - M) with min_exponent - M >= -149 (any v). */

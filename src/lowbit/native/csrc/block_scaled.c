@@ -46,7 +46,31 @@ LB_INLINE void mx_apply(const mx_job *job, mx_params params, const float *restri
     grid_block(x, out, length, job->mantissa_bits, params.min_exponent, params.limit, mode);
 }
 
-LB_GROUP_OF(mx_group, mx_job, mx_params, mx_stat)
+/* mx_stat for a group of blocks: the blocks' finite maxima across blocks (group_maxima), then, in one loop
+ * without branches (it vectorises), every block whose max is a normal float32, whose 2^s is normal and whose
+ * element max times 2^s is within the output dtype: mx_shared_exponent and mx_stat's usual case on the max's
+ * bits. mx_stat for the others. */
+LB_INLINE void mx_group(const mx_job *job, int64_t first, const float *restrict x, int64_t count, int64_t length,
+                        mx_params *params, int mode) {
+    int32_t largest[LB_GROUP_BLOCKS], usual[LB_GROUP_BLOCKS], all_usual = 1;
+    group_maxima(x, count, length, 0x7f7fffff, largest); /* finite elements only */
+    const int32_t emax = job->emax, rule = job->rule, element_min_exponent = job->element_min_exponent;
+    const float ceiling_factor = pow2_float(emax + 1), top = pow2_float(job->mantissa_bits + 1);
+    const float element_max = job->element_max, dtype_max = job->dtype_max;
+    for (int64_t item = 0; item < count; item++) {
+        int32_t bits = largest[item];
+        float mantissa = lb_float(((uint32_t)bits & 0x007fffffu) | (126u << 23)); /* frexp: [0.5, 1) */
+        int32_t ceiling = mantissa * ceiling_factor > element_max, even = rintf(mantissa * top) == top;
+        int32_t shared = (bits >> 23) - 127 - emax + (rule == 1 ? ceiling : (rule == 2 ? even : 0));
+        shared = shared < -127 ? -127 : (shared > 127 ? 127 : shared);
+        float limit = element_max * lb_float((uint32_t)(shared + 127) << 23); /* pow2_float(shared) */
+        usual[item] = (bits >= 0x00800000) & (shared >= -126) & (limit <= dtype_max);
+        all_usual &= usual[item];
+        params[item].min_exponent = shared + element_min_exponent;
+        params[item].limit = limit;
+    }
+    if (!LB_LIKELY(all_usual)) LB_GROUP_REDO(mx_stat, job, first, x, count, length, params, mode, usual);
+}
 #define MX_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, mx_params, mx_stat, mx_group, mx_apply, MODE)
 
 static void mx_range(const void *context, int64_t begin, int64_t end) {
