@@ -193,8 +193,10 @@ static void derive_batch(const lb_affine_spec *c, float *lows, float *highs, int
  * helpers below giving the same values as their branching counterparts for the inputs they get. (Directed
  * modes pin or shorten differently, and a float16 scale needs a conversion: derive_batch.) */
 
-/* round_scale / round_scale_up for SCALE_BF16 (s >= FLT_MIN): round_scale_up's step is 2^(e - 8) for the
- * rounded scale's frexp exponent e = field - 126, a subnormal below exponent field 8 */
+/* round_scale / round_scale_up for SCALE_BF16 (s >= FLT_MIN): round_scale_up's step 2^(e - 8), for the
+ * rounded scale's frexp exponent e, is one bfloat16 step: the next bfloat16 value, whose bits are the rounded
+ * scale's plus 1 << 16 (the rounded scale is at least FLT_MIN and below the largest bfloat16 where it is taken).
+ * On the bits, without a branch: the loop across blocks vectorises (a step chosen by exponent field did not). */
 LB_INLINE float bf16_scale(float s) {
     s = s > stored_max[SCALE_BF16] ? stored_max[SCALE_BF16] : s;
     uint32_t bits = lb_bits(s);
@@ -203,19 +205,29 @@ LB_INLINE float bf16_scale(float s) {
 
 LB_INLINE float bf16_scale_up(float s) {
     float rounded = bf16_scale(s);
-    uint32_t field = lb_bits(rounded) >> 23;
-    float step = field >= 8u ? lb_float((field - 7u) << 23) : lb_float(1u << ((field + 15u) & 31u));
-    return (rounded < s) & (rounded < stored_max[SCALE_BF16]) ? rounded + step : rounded;
+    return (rounded < s) & (rounded < stored_max[SCALE_BF16]) ? lb_float(lb_bits(rounded) + 0x10000u) : rounded;
 }
 
 LB_INLINE float nearest_zero_point(const lb_affine_spec *c, int kind, float low, float inverse, int mode) {
     return kind != KIND_ASYMMETRIC ? 0.0f : lb_clamp_range(c->q_min - lb_round(low * inverse, mode), c->q_min, c->q_max);
 }
 
+/* Per block the bfloat16 scale: the rounded raw scale, or the one above where the rounded one clips a code.
+ * KIND is a constant in each copy: with the kind a run-time value, GCC 12 left this loop scalar. */
+LB_INLINE void bf16_scales(const lb_affine_spec *c, const float *raws, const float *lows, const float *highs,
+                           int64_t count, float *scales, int mode, int kind) {
+    const float clamp_low = c->clamp_low - 0.5f, clamp_high = c->clamp_high + 0.5f;
+    for (int64_t k = 0; k < count; k++) {
+        float scale = safe_scale(bf16_scale(raws[k]));
+        float inverse = 1.0f / scale, zero_point = nearest_zero_point(c, kind, lows[k], inverse, mode);
+        int clips = (highs[k] * inverse + zero_point > clamp_high) | (lows[k] * inverse + zero_point < clamp_low);
+        scales[k] = clips ? bf16_scale_up(raws[k]) : scale; /* in [FLT_MIN, bf16 max]: safe_scale keeps it */
+    }
+}
+
 LB_INLINE int derive_nearest(const lb_affine_spec *c, float *lows, float *highs, int64_t count,
                                            affine_params *params, int mode) {
     const int dtype = c->scale_dtype, kind = c->kind, power = c->power_of_two;
-    const float clamp_low = c->clamp_low - 0.5f, clamp_high = c->clamp_high + 0.5f;
     if (is_directed(mode) || dtype == SCALE_F16) return 0;
     float raws[BATCH], scales[BATCH], inverses[BATCH], zero_points[BATCH];
     int bounded[BATCH];
@@ -224,13 +236,10 @@ LB_INLINE int derive_nearest(const lb_affine_spec *c, float *lows, float *highs,
         float raw = safe_scale(raws[k]);
         raws[k] = power ? ceil_power_of_two(raw) : raw;
     }
-    if (dtype == SCALE_BF16) /* the rounded scale, or the one above where the rounded one clips a code */
-        for (int64_t k = 0; k < count; k++) {
-            float scale = safe_scale(bf16_scale(raws[k]));
-            float inverse = 1.0f / scale, zero_point = nearest_zero_point(c, kind, lows[k], inverse, mode);
-            int clips = (highs[k] * inverse + zero_point > clamp_high) | (lows[k] * inverse + zero_point < clamp_low);
-            scales[k] = clips ? safe_scale(bf16_scale_up(raws[k])) : scale;
-        }
+    if (dtype == SCALE_BF16 && kind == KIND_ASYMMETRIC)
+        bf16_scales(c, raws, lows, highs, count, scales, mode, KIND_ASYMMETRIC);
+    else if (dtype == SCALE_BF16)
+        bf16_scales(c, raws, lows, highs, count, scales, mode, KIND_SYMMETRIC);
     else
         for (int64_t k = 0; k < count; k++) scales[k] = raws[k];
     for (int64_t k = 0; k < count; k++) scales[k] = shorten_scale(scales[k], c->shorten_bits);
