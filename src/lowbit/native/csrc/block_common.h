@@ -204,14 +204,23 @@ LB_INLINE int block_exponent(const float *restrict x, int64_t length, int signif
  * one before the elements of the next. */
 #define LB_GROUP_BLOCKS 32
 #define LB_FOR_BLOCKS(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE) \
+    LB_FOR_GROUPED_BLOCKS(job, begin, end, PARAM, STAT, GROUP, APPLY, LB_EACH_BLOCK, MODE)
+
+/* LB_FOR_BLOCKS where a group's elements go through APPLY_GROUP(APPLY, job, params, x, out, count, length, MODE)
+ * (LB_EACH_BLOCK: APPLY block after block), for a kernel with a loop of its own across a group's blocks. */
+#define LB_FOR_GROUPED_BLOCKS(job, begin, end, PARAM, STAT, GROUP, APPLY, APPLY_GROUP, MODE) \
     do { \
         int64_t block_length_ = (job)->geometry.block_length; \
         if (block_length_ == 16 && (MODE) == LB_NEAREST_EVEN) \
-            LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE, 16); \
+            LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, APPLY_GROUP, MODE, 16); \
         else if (block_length_ == 32 && (MODE) == LB_NEAREST_EVEN) \
-            LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE, 32); \
-        else LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE, 0); \
+            LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, APPLY_GROUP, MODE, 32); \
+        else LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, APPLY_GROUP, MODE, 0); \
     } while (0)
+
+#define LB_EACH_BLOCK(APPLY, job, params, x, out, count, length, MODE) \
+    for (int64_t item_ = 0; item_ < (count); item_++) \
+        APPLY(job, (params)[item_], (x) + item_ * (length), (out) + item_ * (length), length, MODE)
 
 /* GROUP(job, first_index, x, count, length, params, MODE): the parameters of `count` blocks back to back
  * from x. LB_GROUP_OF defines one that calls STAT block after block; a kernel may write its own that works
@@ -258,7 +267,7 @@ LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t leng
         APPLY(job, params_, x, out, length, MODE); \
     } while (0)
 
-#define LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, MODE, LENGTH) \
+#define LB_BLOCKS_OF(job, begin, end, PARAM, STAT, GROUP, APPLY, APPLY_GROUP, MODE, LENGTH) \
     do { \
         const block_geometry geometry = (job)->geometry; \
         const int64_t full = (LENGTH) ? (LENGTH) : geometry.block_length; \
@@ -270,8 +279,7 @@ LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t leng
                 float *group_out = geometry.out + group * full; \
                 PARAM params_[LB_GROUP_BLOCKS]; \
                 GROUP(job, group, group_x, count, full, params_, MODE); \
-                for (int64_t item = 0; item < count; item++) \
-                    APPLY(job, params_[item], group_x + item * full, group_out + item * full, full, MODE); \
+                APPLY_GROUP(APPLY, job, params_, group_x, group_out, count, full, MODE); \
             } \
         } else { \
             int64_t row = first_index / geometry.blocks_per_row; \

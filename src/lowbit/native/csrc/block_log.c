@@ -56,7 +56,8 @@ LB_INLINE void nearest_power_float(const float *restrict x, float *restrict out,
     LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) {
         uint32_t raw = lb_bits(x[k]), bits = raw & 0x7fffffffu, parity = ((bits >> 23) + parity_offset) & 1u;
         int32_t power = (int32_t)((parity + bits + (1u << 22) - 1u) & 0x7f800000u);
-        power = power < smallest ? smallest : (power > largest ? largest : power);
+        power = power > smallest ? power : smallest; /* a max then a min (smallest <= largest) */
+        power = power < largest ? power : largest;
         power = (int32_t)bits > midpoint ? power : 0;
         out[k] = lb_float((uint32_t)power | (raw & 0x80000000u));
     }
@@ -103,14 +104,24 @@ LB_INLINE block_log_params block_log_stat(const block_log_job *job, int64_t inde
     return params;
 }
 
+/* The blocks that nearest_power_float does not take, out of line: inlined, their code's register needs made
+ * the usual blocks' loop set up its constants anew for every block. */
+static __attribute__((noinline)) void other_block(const block_log_job *job, block_log_params params,
+                                                  const float *restrict x, float *restrict out, int64_t length,
+                                                  int mode) {
+    int min_exponent = params.min_exponent, max_exponent = params.max_exponent;
+    if (params.nearest == 2) nearest_power_double(x, out, length, min_exponent, max_exponent);
+    else
+#define LB_GENERIC(MODE) \
+    LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) out[k] = power_of_two(x[k], min_exponent, max_exponent, job, MODE)
+        LB_FOR_EACH_MODE(mode, LB_GENERIC)
+#undef LB_GENERIC
+}
+
 LB_INLINE void block_log_apply(const block_log_job *job, block_log_params params, const float *restrict x,
                                float *restrict out, int64_t length, int mode) {
-    int min_exponent = params.min_exponent, max_exponent = params.max_exponent;
-    if (params.nearest == 1) nearest_power_float(x, out, length, min_exponent, max_exponent);
-    else if (params.nearest == 2) nearest_power_double(x, out, length, min_exponent, max_exponent);
-    else
-        LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++)
-            out[k] = power_of_two(x[k], min_exponent, max_exponent, job, mode);
+    if (LB_LIKELY(params.nearest == 1)) nearest_power_float(x, out, length, params.min_exponent, params.max_exponent);
+    else other_block(job, params, x, out, length, mode);
 }
 
 /* block_log_stat for a group of blocks: those whose |max| (NaN and inf included) is a normal float32 in one loop
@@ -134,8 +145,45 @@ LB_INLINE void block_log_group(const block_log_job *job, int64_t first, const fl
     if (!LB_LIKELY(all_usual)) LB_GROUP_REDO(block_log_stat, job, first, x, count, length, params, mode, usual);
 }
 
+/* nearest_power_float across a group of blocks of LANES-multiple length, in vector code: the constants set up
+ * once for the group, each block's bounds broadcast from its parameters. */
+LB_INLINE void nearest_powers(const float *restrict x, float *restrict out, int64_t count, int64_t length,
+                              const block_log_params *params) {
+    const lanes_i magnitude_mask = lanes_of(0x7fffffff), field_mask = lanes_of(0x7f800000);
+    const lanes_i half_below = lanes_of((1 << 22) - 1), one = lanes_of(1);
+    for (int64_t item = 0; item < count; item++) {
+        int min_exponent = params[item].min_exponent, max_exponent = params[item].max_exponent;
+        lanes_i parity_offset = lanes_of(min_exponent & 1), smallest = lanes_of((min_exponent + 127) << 23);
+        lanes_i midpoint = lanes_of((min_exponent - 1 + 127) << 23);
+        lanes_i largest = lanes_of(((max_exponent > 127 ? 127 : max_exponent) + 127) << 23);
+        const float *block_x = x + item * length;
+        float *block_out = out + item * length;
+        LB_BLOCK_LOOP for (int64_t k = 0; k < length; k += LANES) {
+            lanes_i raw = lanes_load(block_x + k), bits = raw & magnitude_mask; /* finite: bits < 0x7f800000 */
+            lanes_i power = (((bits >> 23) + parity_offset) & one) + bits + half_below;
+            power = lanes_min(lanes_max(power & field_mask, smallest), largest);
+            power &= bits > midpoint; /* -1 where above the midpoint */
+            lanes_i result = power | (raw & ~magnitude_mask);
+            memcpy(block_out + k, &result, sizeof result);
+        }
+    }
+}
+
+/* A group's elements: nearest_powers where every block takes nearest_power_float, else block after block. */
+LB_INLINE void block_log_apply_group(const block_log_job *job, const block_log_params *params,
+                                     const float *restrict x, float *restrict out, int64_t count, int64_t length,
+                                     int mode) {
+    int all_float = length % LANES == 0;
+    for (int64_t item = 0; item < count; item++) all_float &= params[item].nearest == 1;
+    if (LB_LIKELY(all_float)) nearest_powers(x, out, count, length, params);
+    else LB_EACH_BLOCK(block_log_apply, job, params, x, out, count, length, mode);
+}
+#define BLOCK_LOG_APPLY_GROUP(APPLY, job, params, x, out, count, length, MODE) \
+    block_log_apply_group(job, params, x, out, count, length, MODE)
+
 #define BLOCK_LOG_LOOP(MODE) \
-    LB_FOR_BLOCKS(job, begin, end, block_log_params, block_log_stat, block_log_group, block_log_apply, MODE)
+    LB_FOR_GROUPED_BLOCKS(job, begin, end, block_log_params, block_log_stat, block_log_group, block_log_apply, \
+                          BLOCK_LOG_APPLY_GROUP, MODE)
 
 static void block_log_range(const void *context, int64_t begin, int64_t end) {
     const block_log_job local = *(const block_log_job *)context, *job = &local;
