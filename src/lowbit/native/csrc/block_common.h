@@ -223,16 +223,9 @@ LB_INLINE int block_exponent(const float *restrict x, int64_t length, int signif
         APPLY(job, (params)[item_], (x) + item_ * (length), (out) + item_ * (length), length, MODE)
 
 /* GROUP(job, first_index, x, count, length, params, MODE): the parameters of `count` blocks back to back
- * from x. LB_GROUP_OF defines one that calls STAT block after block; a kernel may write its own that works
- * across blocks (a loop over the group that vectorises). */
-#define LB_GROUP_OF(name, JOB, PARAM, STAT) \
-    LB_INLINE void name(const JOB *job, int64_t first, const float *restrict x, int64_t count, int64_t length, \
-                        PARAM *params, int mode) { \
-        LB_GROUP_BY_STAT(STAT, job, first, x, count, length, params, mode); \
-    }
-
-/* For a GROUP of its own: STAT block after block for every block, or (LB_GROUP_REDO) for the blocks whose
- * usual[item] is 0 (those its loop across the group left out). */
+ * from x, each kernel's own (a loop across the group that vectorises). LB_GROUP_BY_STAT calls STAT block
+ * after block for every block, LB_GROUP_REDO for the blocks whose usual[item] is 0 (those the loop across the
+ * group left out). */
 #define LB_GROUP_BY_STAT(STAT, job, first, x, count, length, params, mode) \
     for (int64_t item_ = 0; item_ < (count); item_++) \
         (params)[item_] = STAT(job, (first) + item_, (x) + item_ * (length), length, mode)
