@@ -37,7 +37,8 @@ from lowbit.errors import FormatError
 from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_given_scales, check_int, check_optional
 from lowbit.formats._base import is_number
 from lowbit.formats._registry import register
-from lowbit.formats.blocking import apply_blockwise, block_shape, given_per_axis, scaled_bits_per_element
+from lowbit.formats.blocking import apply_blockwise, block_shape, can_branch_on_data, given_per_axis
+from lowbit.formats.blocking import scaled_bits_per_element
 from lowbit.formats.means import rounded_mean
 from lowbit.native import sign_log
 
@@ -53,10 +54,13 @@ def masked_mean(magnitude: torch.Tensor, selected: torch.Tensor, dims: tuple[int
     quantized tensor reproduces its scale bit for bit (the rule below also covers float64 tensors).
     """
     kept = torch.where(selected, magnitude, torch.zeros_like(magnitude))
+    count = selected.sum(dim=dims, keepdim=True).clamp(min=1)
+    mean = rounded_mean(kept, count, dims)
+    if magnitude.dtype != torch.float64 and can_branch_on_data(magnitude):
+        return mean  # exact there: equal values' mean is that value, so the rule below needs no extra passes
     top = kept.amax(dim=dims, keepdim=True)
     bottom = torch.where(selected, magnitude, torch.full_like(magnitude, math.inf)).amin(dim=dims, keepdim=True)
-    count = selected.sum(dim=dims, keepdim=True).clamp(min=1)
-    return torch.where(top == bottom, top, rounded_mean(kept, count, dims))
+    return torch.where(top == bottom, top, mean)
 
 
 def mean_abs(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
