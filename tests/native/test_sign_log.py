@@ -126,6 +126,8 @@ def ternary_specs():
     yield ternary(scaling_factor=True, alpha=2.5)
     yield ternary(scaling_factor=True, alpha=2.5, axis=0)
     yield ternary(scaling_factor=True, alpha=0.1, threshold=1.0)
+    for edge in (0.0, 1e-45, 3.4028234663852886e38, 1e39):  # the selection's clamped bounds (sign_stats.c)
+        yield ternary(scaling_factor=True, threshold=edge)
 
 
 @pytest.mark.parametrize("spec,shape", with_shapes(ternary_specs()))

@@ -23,6 +23,7 @@
 #endif
 typedef float lanes_f __attribute__((vector_size(LANES * 4)));
 typedef int32_t lanes_i __attribute__((vector_size(LANES * 4)));
+typedef uint32_t lanes_u __attribute__((vector_size(LANES * 4))); /* wrapping adds */
 typedef float half_f __attribute__((vector_size(LANES * 2)));
 typedef double half_d __attribute__((vector_size(LANES * 4))); /* half the lanes, widened */
 #define NONE 0x7fffffff /* bits above every magnitude: the key of a lane left out of a minimum */

@@ -14,15 +14,34 @@
 
 /* ---------------------------------------------------------------- the sums of one run ---------------- */
 
+/* A run's selection constants: delta (the threshold's bits, SELECT_ABOVE) and, for the generic code, the
+ * one-compare form of "d < value < +inf" (value: the magnitude, or the raw bits for SELECT_POSITIVE, which is
+ * d = 0): value - d - 1 below 0x7f800000 - d - 1 unsigned, as a signed compare after adding INT32_MIN to both
+ * sides. d is clamped to [-1, FLT_MAX's bits] first, which keeps every answer (values are >= 0 and below
+ * +inf in every kept lane) and keeps 0x7f800000 - d - 1 within [0, 2^31). */
+typedef struct {
+    lanes_i delta, offset, limit;
+} selection;
+
+static inline selection selection_of(int select, float delta) {
+    int32_t d = select == SELECT_ABOVE ? (int32_t)lb_bits(delta) : 0;
+    int32_t clamped = d < -1 ? -1 : (d > 0x7f7fffff ? 0x7f7fffff : d);
+    uint32_t offset = 0x80000000u - (uint32_t)clamped - 1u, limit = 0x80000000u + (0x7f800000u - (uint32_t)clamped - 1u);
+    return (selection){lanes_of(d), lanes_of((int32_t)offset), lanes_of((int32_t)limit)};
+}
+
 /* The bits of the magnitude a selection keeps, 0 for an element it leaves out (masked_mean's `kept`), and
- * the selection mask (the bits of a float >= +0 order as the float does). */
-ALWAYS_INLINE lanes_i lanes_kept(const lanes_i *bits, int select, const lanes_i *delta, lanes_i *selected) {
+ * the lanes it counts: the selected ones, or for SELECT_NOT_NAN the NaN lanes (the run's lanes less these
+ * are its count; the bits of a float >= +0 order as the float does). */
+ALWAYS_INLINE lanes_i lanes_kept(const lanes_i *bits, int select, const selection *chosen, lanes_i *counted) {
     lanes_i raw = *bits, magnitude = raw & 0x7fffffff;
-    switch (select) {
-    case SELECT_NOT_NAN: *selected = magnitude <= 0x7f800000; return magnitude & (magnitude < 0x7f800000);
-    case SELECT_POSITIVE: *selected = (raw > 0) & (raw < 0x7f800000); return raw & *selected;
-    default: *selected = (magnitude > *delta) & (magnitude < 0x7f800000); return magnitude & *selected;
+    if (select == SELECT_NOT_NAN) {
+        *counted = magnitude > 0x7f800000;
+        return magnitude & ~(magnitude > 0x7f7fffff);
     }
+    lanes_i value = select == SELECT_POSITIVE ? raw : magnitude;
+    *counted = chosen->limit > (lanes_i)((lanes_u)value + (lanes_u)chosen->offset);
+    return value & *counted;
 }
 
 #if defined(__AVX512F__)
@@ -33,7 +52,8 @@ typedef struct {
     int64_t count;
 } run_sums;
 
-ALWAYS_INLINE void sums_vector(run_sums *a, const lanes_i *bits, int select, const lanes_i *delta, int second) {
+ALWAYS_INLINE void sums_vector(run_sums *a, const lanes_i *bits, int select, const selection *chosen, int second) {
+    const lanes_i *delta = &chosen->delta;
     const __m512i infinity = _mm512_set1_epi32(0x7f800000);
     __m512i raw = (__m512i)*bits, magnitude = _mm512_and_si512(raw, _mm512_set1_epi32(0x7fffffff)), value = magnitude;
     __mmask16 selected, keep;
@@ -61,7 +81,7 @@ static inline double sums_total(const run_sums *a) {
     return whole;
 }
 
-static inline int64_t sums_count(const run_sums *a) { return a->count; }
+static inline int64_t sums_count(const run_sums *a, int select, int64_t lanes) { return (void)select, (void)lanes, a->count; }
 #else
 /* Four float64 accumulators (a float64 add waits on the one before) and the count, as vectors. */
 typedef struct {
@@ -69,10 +89,10 @@ typedef struct {
     lanes_i count;
 } run_sums;
 
-ALWAYS_INLINE void sums_vector(run_sums *a, const lanes_i *bits, int select, const lanes_i *delta, int second) {
-    lanes_i selected, kept = lanes_kept(bits, select, delta, &selected);
+ALWAYS_INLINE void sums_vector(run_sums *a, const lanes_i *bits, int select, const selection *chosen, int second) {
+    lanes_i counted, kept = lanes_kept(bits, select, chosen, &counted);
     a->sum[2 * second] += lanes_low((lanes_f)kept), a->sum[2 * second + 1] += lanes_high((lanes_f)kept);
-    a->count -= selected;
+    a->count -= counted;
 }
 
 static inline double sums_total(const run_sums *a) {
@@ -82,26 +102,30 @@ static inline double sums_total(const run_sums *a) {
     return whole;
 }
 
-static inline int64_t sums_count(const run_sums *a) { return lanes_sum_of(a->count); }
+/* The run's count: its selected lanes, or its `lanes` (padding included) less the NaN ones (SELECT_NOT_NAN). */
+static inline int64_t sums_count(const run_sums *a, int select, int64_t lanes) {
+    int64_t counted = lanes_sum_of(a->count);
+    return select == SELECT_NOT_NAN ? lanes - counted : counted;
+}
 #endif
 
 /* One group's run x[0..length) into the slot s. */
 ALWAYS_INLINE void run_sums_of(const stats_job *job, int select, const float *x, int64_t length, int64_t group,
                                int64_t s) {
-    lanes_i delta = lanes_of(select == SELECT_ABOVE ? (int32_t)lb_bits(job->delta[group]) : 0);
+    selection chosen = selection_of(select, select == SELECT_ABOVE ? job->delta[group] : 0.0f);
     run_sums a;
     memset(&a, 0, sizeof a);
     int64_t i = 0;
     for (; i + 2 * LANES <= length; i += 2 * LANES) {
         lanes_i raw0 = lanes_load(x + i), raw1 = lanes_load(x + i + LANES);
-        sums_vector(&a, &raw0, select, &delta, 0), sums_vector(&a, &raw1, select, &delta, 1);
+        sums_vector(&a, &raw0, select, &chosen, 0), sums_vector(&a, &raw1, select, &chosen, 1);
     }
     for (; i < length; i += LANES) { /* the last partial vector padded with NaN, which no selection keeps */
         lanes_i raw = length - i >= LANES ? lanes_load(x + i) : lanes_load_tail(x + i, length - i);
-        sums_vector(&a, &raw, select, &delta, 0);
+        sums_vector(&a, &raw, select, &chosen, 0);
     }
     job->sum[s] += sums_total(&a);
-    job->count[s] += sums_count(&a);
+    job->count[s] += sums_count(&a, select, (length + LANES - 1) / LANES * LANES);
 }
 
 /* The same for one element per element of the selection, as plain int32 (the row loops below). */
