@@ -71,7 +71,14 @@ def describe() -> dict:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"cpu": cpu, "vendor": vendor, "family": family, "model": model, "flags": flags, "cpu_class": kind,
             "torch_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
-            "cpus": os.cpu_count(), "torch": torch.__version__, "gpu": gpu}  # fmt: skip
+            "cpus": os.cpu_count(), "torch": torch.__version__, "gpu": gpu, "native_target": native_target()}  # fmt: skip
+
+
+def native_target() -> str:
+    """The target lowbit's native kernels are built for: this CPU unless $LOWBIT_NATIVE_MARCH names another
+    (an AVX2-class build on an AVX-512 machine, say), so a table says which class's code it timed."""
+    target = os.environ.get("LOWBIT_NATIVE_MARCH", "").strip()
+    return f"-march={target}" if target else "this CPU (-march=native)"
 
 
 def header_line(machine: dict | None = None) -> str:
@@ -82,7 +89,8 @@ def header_line(machine: dict | None = None) -> str:
     flags = " ".join(m["flags"]) if m["flags"] is not None else "unknown"
     return (f"machine: {m['cpu']}" + (f" ({identity})" if identity else "") + f"; class {m['cpu_class']}; "
             f"flags {flags or 'none of ' + '/'.join(ISA_FLAGS)}; torch CPU capability {m['torch_capability']}; "
-            f"{m['threads']} threads ({m['cpus']} CPUs); torch {m['torch']}; GPU {m['gpu'] or 'none'}")  # fmt: skip
+            f"{m['threads']} threads ({m['cpus']} CPUs); torch {m['torch']}; GPU {m['gpu'] or 'none'}; "
+            f"native kernels built for {m.get('native_target') or native_target()}")  # fmt: skip
 
 
 if __name__ == "__main__":
