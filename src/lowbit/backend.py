@@ -119,7 +119,7 @@ def run(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) ->
 def run_native(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor | None:
     """The native kernel's result where one runs under the backend in force, else None. No autograd graph
     is recorded either way (the kernel writes a new tensor)."""
-    if spec.is_stochastic or x.device.type != "cpu":
+    if not x.is_cpu or spec.is_stochastic:
         return None
     return _native_result(spec, x)
 

@@ -113,6 +113,19 @@ def test_the_optimisation_level_reaches_the_compiler_and_a_bad_one_is_refused(fr
     assert "LOWBIT_NATIVE_OPT" in build.error() and not log.exists()
 
 
+@pytest.mark.parametrize("value,off", [("0", True), (" Off ", True), ("false", True), ("NO", True), ("1", False),
+                                       ("", False), ("on", False)])  # fmt: skip
+def test_lowbit_native_is_read_at_every_call(monkeypatch, value, off):
+    monkeypatch.delenv("LOWBIT_NATIVE", raising=False)
+    assert not build.disabled()
+    monkeypatch.setenv("LOWBIT_NATIVE", value)
+    assert build.disabled() is off
+    os.environ["LOWBIT_NATIVE"] = "0"  # a plain assignment, as a user's script would make
+    assert build.disabled()
+    del os.environ["LOWBIT_NATIVE"]
+    assert not build.disabled()
+
+
 def test_lowbit_native_off_builds_nothing(fresh_cache, monkeypatch):
     monkeypatch.setenv("LOWBIT_NATIVE", "0")
     assert build.ensure() is None and build.error() is None
