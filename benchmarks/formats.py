@@ -14,10 +14,12 @@ First calls (``--first-call``): each format in a fresh process (subprocess) on t
 backend, with empty lowbit and Inductor cache directories ("cold") and then a second fresh process on the same
 directories ("warm"): the first ``lowbit.quantize`` call (it starts the native build on a background thread
 and answers eagerly), the time until the native library is loaded, and the median and max of the next five
-calls after it. The report starts with the command and the machine line of ``machine.py``.
+calls after it. The report starts with the command, the machine line of ``machine.py`` and how large
+allocations were served (``--memory``, ``timing.pin_allocator``: it decides the 4096 x 4096 ratios).
 
 Usage: python benchmarks/formats.py [--shapes 384x384 2112x384] [--dtypes float32 bfloat16] [--rounds 5]
-                                    [--only NAME ...] [--first-call] [--no-compile] [--out FILE]
+                                    [--only NAME ...] [--first-call] [--no-compile] [--memory warm|as-is]
+                                    [--out FILE]
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from lowbit._io import atomic_write_text  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 from machine import header_line  # noqa: E402
 from peers import peers_for  # noqa: E402
+from timing import MEMORY_MODES, pin_allocator  # noqa: E402
 
 FORMATS: list[tuple[str, dict, str]] = [
     ("integer", {"width": 8, "frac_width": 4}, "scalar"),
@@ -212,10 +215,12 @@ def main() -> None:
     parser.add_argument("--no-compile", "--eager-only", dest="no_compile", action="store_true",
                         help="no torch.compile (the compiled column shows '-')")
     parser.add_argument("--out", default=None, help="also write the markdown report to this file")
+    parser.add_argument("--memory", default="warm", choices=MEMORY_MODES,
+                        help="large allocations always reused (warm, default) or as glibc leaves them (timing.pin_allocator)")
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in shape.lower().split("x")) for shape in args.shapes]
     formats = [f for f in FORMATS if not args.only or f[0] in args.only]
-    machine = header_line()
+    machine = header_line() + "; " + pin_allocator(args.memory)
     print(machine, flush=True)
     lines = [f"`python {' '.join(sys.argv)}`", "", machine, "",
              f"{args.rounds} rounds, median ratio (min-max over rounds)"]

@@ -5,6 +5,8 @@ reported with the min-max. Other processes on a shared machine move absolute tim
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import statistics
 import time
 from collections.abc import Callable
@@ -17,6 +19,33 @@ class Timing:
     low: float
     high: float
     milliseconds: float  # median time per call
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
+MEMORY_MODES = ("warm", "as-is")
+
+
+def pin_allocator(mode: str = "warm") -> str:
+    """Serve large allocations one way for the whole run (``warm``) or leave glibc alone (``as-is``), and say
+    which, for the table's header.
+
+    Left alone, glibc serves a block of 32 MiB or more from a free chunk of the heap when one is large enough
+    (memory already touched) and otherwise maps fresh pages (a page fault per 4 KiB on first touch), so what
+    ran before decides: x.clone() of 4096 x 4096 float32 read 19-26 ms on fresh pages (16385 faults a call)
+    and 2.5-4 ms once a peer or any burst of small allocations had grown the heap, in one process, and the
+    ratios to it swung from 0.2 to 7 in mid-table. ``warm`` maps nothing and trims nothing: every method runs
+    at memory speed, the stricter comparison (fresh pages add the same 15-20 ms to clone and to a quantizer,
+    pulling every ratio towards 1)."""
+    if mode == "as-is":
+        return "allocator: as the C library leaves it (large blocks fresh or reused, by history)"
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt if name else None
+    except (OSError, AttributeError):
+        mallopt = None
+    if mallopt is not None and mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1):
+        return "allocator: glibc, warm (mallopt: no mmap, no trim)"
+    return "allocator: the C library's own (no glibc mallopt: large blocks fresh or reused, by history)"
 
 
 def _iterations(function: Callable[[], object], target: float) -> int:
