@@ -122,7 +122,7 @@ def test_fake_quantize_equals_the_affine_format_with_the_same_scale_nan_included
 
 def test_one_scale_zero_point_type_and_one_int4_packing():
     from lowbit.calibrate.builders import ScaleZeroPoint
-    from lowbit.formats.integer import AffineParameters
+    from lowbit.formats.affine import AffineParameters
     from lowbit.ops import kernels
     from lowbit.ops.quant import QParams
     from lowbit.qtensor.packing import pack_codes, unpack_codes

@@ -29,7 +29,8 @@ from __future__ import annotations
 import torch
 
 from lowbit.errors import ConfigError
-from lowbit.formats.integer import Affine, AffineParameters, code_range
+from lowbit.formats.affine import Affine, AffineParameters
+from lowbit.formats.integer import code_range
 from lowbit.formats.scaling import ceil_power_of_two
 
 FLOAT32_EPS = float(torch.finfo(torch.float32).eps)  # 2^-23, torch.ao's smallest scale

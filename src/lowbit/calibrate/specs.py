@@ -38,7 +38,8 @@ from lowbit.formats.binary import Binary
 from lowbit.formats.block_fp import BlockFP
 from lowbit.formats.block_log import BlockLog
 from lowbit.formats.block_minifloat import BlockMinifloat
-from lowbit.formats.integer import Affine, Integer
+from lowbit.formats.affine import Affine
+from lowbit.formats.integer import Integer
 from lowbit.formats.mx import _MXFormat
 from lowbit.formats.ocp_float import _OcpFloat, covering_scale
 from lowbit.formats.ternary import TWN_FACTOR, Ternary

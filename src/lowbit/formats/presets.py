@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from lowbit.errors import FormatError
 from lowbit.formats._registry import register
-from lowbit.formats.integer import Affine
+from lowbit.formats.affine import Affine
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

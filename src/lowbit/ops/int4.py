@@ -31,7 +31,7 @@ def _group_codes(groups: torch.Tensor, low: torch.Tensor, high: torch.Tensor, sc
     scale = ((high - low) * (1.0 / 15)).clamp_min(torch.finfo(torch.float32).tiny)
     scale = scale.to(scale_dtype).float()
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a bf16 / f16 underflow
-    inverse = 1.0 / scale  # x * (1 / scale): the rounding rule of the affine format (lowbit.formats.integer)
+    inverse = 1.0 / scale  # x * (1 / scale): the rounding rule of the affine format (lowbit.formats.affine)
     zero_point = (-torch.round(low * inverse)).clamp(0, 15)
     codes = (torch.round(groups * inverse) + zero_point).clamp(0, 15)
     return codes, scale, zero_point

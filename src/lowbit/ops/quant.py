@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 
 from lowbit.errors import FormatError
-from lowbit.formats.integer import AffineParameters
+from lowbit.formats.affine import AffineParameters
 from lowbit.formats.rounding import canonical_rounding, round_to_integer
 
 # Integer code dtypes and their full ranges.
@@ -31,7 +31,7 @@ CODE_RANGES: dict[torch.dtype, tuple[int, int]] = {
 TINY = float(torch.finfo(torch.float32).tiny)  # the smallest scale a dynamic builder returns
 
 
-QParams = AffineParameters  # lowbit's one (scale, zero point) type (lowbit.formats.integer)
+QParams = AffineParameters  # lowbit's one (scale, zero point) type (lowbit.formats.affine)
 
 
 def code_limits(dtype: torch.dtype, qmin: int | None = None, qmax: int | None = None) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lowbit.formats import FormatSpec
-from lowbit.formats.integer import Affine
+from lowbit.formats.affine import Affine
 from lowbit.formats.scaling import SCALE_DTYPE_BITS
 
 
