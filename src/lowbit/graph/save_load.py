@@ -12,8 +12,8 @@ the new one, never a mixture):
   of the files is refused instead of loading a wrong model.
 
 Loading rebuilds modules only from torch.nn / lowbit.nn and functions only from an allowlist (see
-:mod:`lowbit.graph._serialize`). A graph with a custom module class can be saved with ``allow_pickle=True``
-(adds ``graph_module.pt``); loading that needs ``trust_pickle=True``, since unpickling runs arbitrary code.
+:mod:`lowbit.graph._serialize` and :mod:`lowbit.graph._serialize_modules`). A graph with a custom module class
+can be saved with ``allow_pickle=True`` (adds ``graph_module.pt``); loading that needs ``trust_pickle=True``, since unpickling runs arbitrary code.
 """
 
 from __future__ import annotations
@@ -38,10 +38,8 @@ from lowbit.errors import LowbitError
 from lowbit.graph._graph_files import (
     GRAPH_FILE, META_FILE, PICKLE_FILE, SCHEMA, STATE_FILE, VERSION, read_files,
 )  # fmt: skip
-from lowbit.graph._serialize import (
-    GraphFileError, NotPortable, check_path, decode_modules, decode_nodes, encode_modules, encode_node,
-    saveable_path,
-)  # fmt: skip
+from lowbit.graph._serialize import GraphFileError, NotPortable, check_path, decode_nodes, encode_node
+from lowbit.graph._serialize_modules import decode_modules, encode_modules, saveable_path
 from lowbit.graph.metadata import REQUIRED, MaseMetadata, read_pass_args
 from lowbit.graph.qgraph import GraphError, QGraph
 from lowbit.nn.functional import QUANT_FUNCTIONS
