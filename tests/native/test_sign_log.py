@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import lowbit
-from lowbit import backend
 from helpers import DETERMINISTIC, float32_patterns
 from lowbit.native import build
 
