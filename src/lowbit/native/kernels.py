@@ -51,6 +51,27 @@ def threads_from(elements: int):
         entry(0)
 
 
+@contextlib.contextmanager
+def stream_from(size_bytes: int):
+    """Write every kernel's output with non-temporal stores from outputs of ``size_bytes`` on (1: always;
+    tests run the streamed code on small tensors; csrc/stream.h), the library's own threshold again on exit.
+    Needs the library loaded."""
+    entry = function("lb_set_stream_from", [I64])
+    if entry is None:
+        raise RuntimeError("the native library is not loaded")
+    entry(size_bytes)
+    try:
+        yield
+    finally:
+        entry(0)
+
+
+def stream_threshold() -> int | None:
+    """The output size in bytes from which the loaded library streams its outputs (None: no library)."""
+    entry = function("lb_stream_from", [], I64)
+    return None if entry is None else int(entry())
+
+
 def uses_openmp() -> bool:
     """Whether the loaded library's parallel regions run on torch's OpenMP pool (False: threads of its own,
     or no library)."""

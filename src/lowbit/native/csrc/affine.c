@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include "affine_params.h"
 #include "min_max_lanes.h"
+#include "stream.h"
 
 /* ---- statistics ---------------------------------------------------------------------------------------- */
 static inline float finite_or_zero(float v) { return fabsf(v) <= FLT_MAX ? v : 0.0f; }
@@ -77,12 +78,17 @@ typedef struct {
     affine_params tensor; /* LAYOUT_TENSOR */
     const lb_affine_spec *config;
     float *parts; /* partial statistics */
+    int streamed; /* out written past the cache (stream.h) */
 } affine_job;
+
+static void tensor_span(const void *context, const float *x, float *out, int64_t n) {
+    const affine_job *job = context;
+    affine_run(x, out, n, job->tensor, job->config->clamp_low, job->config->clamp_high, job->config->mode);
+}
 
 static void tensor_range(const void *context, int64_t begin, int64_t end) {
     const affine_job *job = context;
-    affine_run(job->x + begin, job->out + begin, end - begin, job->tensor, job->config->clamp_low,
-               job->config->clamp_high, job->config->mode);
+    lb_spans(job, job->x, job->out, job->streamed, begin, end, tensor_span);
 }
 
 static void tensor_statistics(const void *context, int64_t begin, int64_t end) {
@@ -99,18 +105,25 @@ static void channel_range(const void *context, int64_t begin, int64_t end) {
     const affine_job *job = context;
     const lb_affine_spec *c = job->config;
     int64_t slice = job->channels * job->inner;
+    lb_sink sink;
+    lb_sink_open(&sink, job->out, job->streamed);
     for (int64_t start = begin; start < end; start += slice) {
         if (job->inner == 1) {
-            channel_run(job->x + start, job->out + start, slice, job->scale, job->inverse, job->zero_point,
-                        c->clamp_low, c->clamp_high, c->mode, job->bounded);
+            for (int64_t k = 0, n; k < slice; k += n) {
+                n = lb_sink_span(&sink, slice - k);
+                channel_run(job->x + start + k, lb_sink_next(&sink, start + k, n), n, job->scale + k, job->inverse + k,
+                            job->zero_point + k, c->clamp_low, c->clamp_high, c->mode, job->bounded);
+            }
             continue;
         }
-        for (int64_t channel = 0; channel < job->channels; channel++) {
-            int64_t at = start + channel * job->inner;
-            affine_run(job->x + at, job->out + at, job->inner, job->params[channel], c->clamp_low, c->clamp_high,
-                       c->mode);
-        }
+        for (int64_t channel = 0; channel < job->channels; channel++)
+            for (int64_t at = start + channel * job->inner, stop = at + job->inner, n; at < stop; at += n) {
+                n = lb_sink_span(&sink, stop - at);
+                affine_run(job->x + at, lb_sink_next(&sink, at, n), n, job->params[channel], c->clamp_low,
+                           c->clamp_high, c->mode);
+            }
     }
+    lb_sink_close(&sink);
 }
 
 /* statistics per channel over the outer indices of one part (a whole number of outer slices) */
@@ -168,6 +181,8 @@ static void row_range(const void *context, int64_t begin, int64_t end) {
     int64_t first = begin / job->length * per_row, last = end / job->length * per_row;
     float lows[BATCH], highs[BATCH];
     affine_params params[BATCH];
+    lb_sink sink;
+    lb_sink_open(&sink, job->out, job->streamed);
     for (int64_t batch = first; batch < last; batch += BATCH) {
         int64_t count = last - batch < BATCH ? last - batch : BATCH;
         for (int64_t k = 0; k < count; k++) {
@@ -181,9 +196,14 @@ static void row_range(const void *context, int64_t begin, int64_t end) {
             int64_t row = (batch + k) / per_row, start = (batch + k) % per_row * job->block;
             int64_t size = job->length - start < job->block ? job->length - start : job->block;
             int64_t at = row * job->length + start;
-            affine_run(job->x + at, job->out + at, size, params[k], c->clamp_low, c->clamp_high, c->mode);
+            for (int64_t done = 0, n; done < size; done += n) {
+                n = lb_sink_span(&sink, size - done);
+                affine_run(job->x + at + done, lb_sink_next(&sink, at + done, n), n, params[k], c->clamp_low,
+                           c->clamp_high, c->mode);
+            }
         }
     }
+    lb_sink_close(&sink);
 }
 
 /* row_range where every block is whole and a multiple of 16 long (blocks of 16, 32, 64 along rows that they
@@ -193,15 +213,20 @@ static inline __attribute__((always_inline)) void whole_blocks(const affine_job 
     const lb_affine_spec *c = job->config;
     float lows[BATCH], highs[BATCH];
     affine_params params[BATCH];
-    for (int64_t batch = first; batch < last; batch += BATCH) {
-        int64_t count = last - batch < BATCH ? last - batch : BATCH;
+    const int streamed = job->streamed && block <= LB_TILE; /* a batch's blocks go out a tile at a time */
+    int64_t per_batch = streamed && block * BATCH > LB_TILE ? LB_TILE / block : BATCH;
+    lb_sink sink;
+    lb_sink_open(&sink, job->out, streamed);
+    for (int64_t batch = first; batch < last; batch += per_batch) {
+        int64_t count = last - batch < per_batch ? last - batch : per_batch;
         int64_t k = 0;
         for (; k + LANES <= count; k += LANES) blocks_min_max(job->x + (batch + k) * block, block, lows + k, highs + k);
         for (; k < count; k++) block_min_max(job->x + (batch + k) * block, block, lows + k, highs + k);
         if (!derive_nearest_batch(c, lows, highs, count, params, mode)) derive_batch(c, lows, highs, count, params);
+        float *batch_out = lb_sink_next(&sink, batch * block, count * block);
         for (int64_t k = 0; k < count; k++) {
             const float *restrict x = job->x + (batch + k) * block;
-            float *restrict out = job->out + (batch + k) * block;
+            float *restrict out = batch_out + k * block;
             affine_params p = params[k];
             if (p.bounded)
                 for (int64_t i = 0; i < block; i++)
@@ -211,6 +236,7 @@ static inline __attribute__((always_inline)) void whole_blocks(const affine_job 
                     out[i] = affine_value(x[i], p.scale, p.inverse, p.zero_point, c->clamp_low, c->clamp_high, mode, 0);
         }
     }
+    lb_sink_close(&sink);
 }
 
 #define WHOLE_16(MODE) whole_blocks(job, first, last, 16, MODE)
@@ -316,7 +342,8 @@ static int given_pass(affine_job *job, int64_t outer, int threads) {
  * where memory ran out (nothing written: the caller falls back), else 1. */
 int lb_affine_f32(const float *x, float *out, int layout, int64_t d0, int64_t d1, int64_t d2,
                   const lb_affine_spec *spec, int threads) {
-    affine_job job = {x, out, d1, d2, d1, d2, NULL, NULL, NULL, NULL, 1, {1.0f, 1.0f, 0.0f, 1}, spec, NULL};
+    affine_job job = {x, out, d1, d2, d1, d2, NULL, NULL, NULL, NULL, 1, {1.0f, 1.0f, 0.0f, 1}, spec, NULL, 0};
+    job.streamed = lb_streams(layout == LAYOUT_TENSOR ? d0 : (layout == LAYOUT_ROWS ? d0 * d1 : d0 * d1 * d2));
     switch (layout) {
     case LAYOUT_TENSOR: return tensor_pass(&job, d0, threads);
     case LAYOUT_ROWS:

@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "lanes.h"
+#include "stream.h"
 
 #define LB_LIKELY(condition) __builtin_expect(!!(condition), 1) /* the usual case (code layout only) */
 
@@ -17,6 +18,7 @@ typedef struct {
     const float *x;
     float *out;
     int64_t row_length, block_length, blocks_per_row;
+    int streamed; /* out written past the cache (stream.h; set by run_blocks) */
 } block_geometry;
 
 /* ---- exact helpers -------------------------------------------------------------------------------------- */
@@ -265,11 +267,15 @@ LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t leng
         const block_geometry geometry = (job)->geometry; \
         const int64_t full = (LENGTH) ? (LENGTH) : geometry.block_length; \
         int64_t first_index = (begin) / full, last_index = (end) / full; \
+        const int streamed = geometry.streamed && full <= LB_TILE; /* a group's blocks fit the tile */ \
+        int64_t per_group = streamed && full * LB_GROUP_BLOCKS > LB_TILE ? LB_TILE / full : LB_GROUP_BLOCKS; \
+        lb_sink sink; \
+        lb_sink_open(&sink, geometry.out, streamed); \
         if (geometry.row_length % full == 0) { \
-            for (int64_t group = first_index; group < last_index; group += LB_GROUP_BLOCKS) { \
-                int64_t count = last_index - group < LB_GROUP_BLOCKS ? last_index - group : LB_GROUP_BLOCKS; \
+            for (int64_t group = first_index; group < last_index; group += per_group) { \
+                int64_t count = last_index - group < per_group ? last_index - group : per_group; \
                 const float *group_x = geometry.x + group * full; \
-                float *group_out = geometry.out + group * full; \
+                float *group_out = lb_sink_next(&sink, group * full, count * full); \
                 PARAM params_[LB_GROUP_BLOCKS]; \
                 GROUP(job, group, group_x, count, full, params_, MODE); \
                 APPLY_GROUP(APPLY, job, params_, group_x, group_out, count, full, MODE); \
@@ -279,22 +285,24 @@ LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t leng
             int64_t column = first_index - row * geometry.blocks_per_row; \
             for (int64_t index = first_index; index < last_index; index++) { \
                 int64_t start = column * full, length = geometry.row_length - start; \
+                length = length < full ? length : full; \
                 const float *block_x = geometry.x + row * geometry.row_length + start; \
-                float *block_out = geometry.out + row * geometry.row_length + start; \
-                if ((LENGTH) && length >= full) \
+                float *block_out = lb_sink_next(&sink, row * geometry.row_length + start, length); \
+                if ((LENGTH) && length == full) \
                     LB_STAT_APPLY(job, index, block_x, block_out, full, PARAM, STAT, APPLY, MODE); \
-                else LB_STAT_APPLY(job, index, block_x, block_out, length < full ? length : full, PARAM, STAT, \
-                                   APPLY, MODE); \
+                else LB_STAT_APPLY(job, index, block_x, block_out, length, PARAM, STAT, APPLY, MODE); \
                 if (++column == geometry.blocks_per_row) { column = 0; row++; } \
             } \
         } \
+        lb_sink_close(&sink); \
     } while (0)
 
 /* lb_parallel counts elements (it threads from 2^20 of them): each block counts as block_length units, so
  * every chunk boundary is a whole block. */
-static inline void run_blocks(const block_geometry *geometry, int64_t rows, int threads, lb_range_fn fn,
+static inline void run_blocks(block_geometry *geometry, int64_t rows, int threads, lb_range_fn fn,
                               const void *job) {
     int64_t blocks = rows * geometry->blocks_per_row;
+    geometry->streamed = lb_streams(rows * geometry->row_length);
     int64_t grain = geometry->block_length >= 4096 ? 1 : 4096 / geometry->block_length;
     lb_parallel(blocks * geometry->block_length, grain * geometry->block_length, threads, fn, job);
 }

@@ -194,7 +194,7 @@ static void block_log_range(const void *context, int64_t begin, int64_t end) {
 void lb_block_log_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
                       int top_code, int max_bias, int log_domain, float below_sqrt2, int mode, int threads) {
     int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
-    block_log_job job = {{x, out, row_length, block_length, blocks_per_row}, top_code, max_bias, log_domain, mode,
+    block_log_job job = {{x, out, row_length, block_length, blocks_per_row, 0}, top_code, max_bias, log_domain, mode,
                          below_sqrt2};
     run_blocks(&job.geometry, rows, threads, block_log_range, &job);
 }

@@ -35,28 +35,31 @@ typedef struct {
     const float *x;
     float *out;
     ocp_element element;
-    int mode;
+    int mode, streamed;
 } element_job;
 
 #define ELEMENT_LOOP(MODE) \
     do { \
-        const float *restrict x = job->x; \
-        float *restrict out = job->out; \
         const ocp_element element = job->element; \
-        if (element.saturating) for (int64_t i = begin; i < end; i++) out[i] = round_saturating(x[i], element, MODE); \
-        else for (int64_t i = begin; i < end; i++) out[i] = round_overflowing(x[i], element, MODE); \
+        if (element.saturating) for (int64_t i = 0; i < n; i++) out[i] = round_saturating(x[i], element, MODE); \
+        else for (int64_t i = 0; i < n; i++) out[i] = round_overflowing(x[i], element, MODE); \
     } while (0)
+
+static void element_span(const void *context, const float *restrict x, float *restrict out, int64_t n) {
+    const element_job *job = context;
+    LB_FOR_EACH_MODE(job->mode, ELEMENT_LOOP)
+}
 
 static void element_range(const void *context, int64_t begin, int64_t end) {
     const element_job *job = context;
-    LB_FOR_EACH_MODE(job->mode, ELEMENT_LOOP)
+    lb_spans(job, job->x, job->out, job->streamed, begin, end, element_span);
 }
 
 /* An unscaled OCP element cast: x, out n contiguous float32. */
 void lb_ocp_element_f32(const float *x, float *out, int64_t n, int mantissa_bits, int min_exponent,
                         float max_value, int overflow_kind, int saturate, int mode, int threads) {
     element_job job = {x, out, make_element(mantissa_bits, min_exponent, max_value, overflow_kind, saturate, mode),
-                       mode};
+                       mode, lb_streams(n)};
     lb_parallel(n, 16, threads, element_range, &job);
 }
 
@@ -168,7 +171,7 @@ void lb_ocp_scaled_f32(const float *x, float *out, int64_t rows, int64_t row_len
                        const float *scales, int64_t blocks_per_scale, int mantissa_bits, int min_exponent,
                        float max_value, int overflow_kind, int saturate, int mode, int threads) {
     int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
-    scaled_job job = {{x, out, row_length, block_length, blocks_per_row},
+    scaled_job job = {{x, out, row_length, block_length, blocks_per_row, 0},
                       make_element(mantissa_bits, min_exponent, max_value, overflow_kind, saturate, mode),
                       make_element(mantissa_bits, min_exponent, max_value, overflow_kind, 1, LB_NEAREST_EVEN),
                       mode, mode == LB_UP || mode == LB_DOWN || mode == LB_TOWARD_ZERO || mode == LB_AWAY_FROM_ZERO,

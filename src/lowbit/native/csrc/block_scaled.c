@@ -83,7 +83,7 @@ void lb_mx_f32(const float *x, float *out, int64_t rows, int64_t row_length, int
                int mantissa_bits, int element_min_exponent, int emax, float element_max, int rule, float dtype_max,
                int mode, int threads) {
     int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
-    mx_job job = {{x, out, row_length, block_length, blocks_per_row}, mantissa_bits, element_min_exponent, emax,
+    mx_job job = {{x, out, row_length, block_length, blocks_per_row, 0}, mantissa_bits, element_min_exponent, emax,
                   rule, mode, element_max, dtype_max};
     run_blocks(&job.geometry, rows, threads, mx_range, &job);
 }
@@ -170,7 +170,7 @@ void lb_block_fp_f32(const float *x, float *out, int64_t rows, int64_t row_lengt
                      int mantissa_bits, int min_exponent, int max_exponent, double top_code, int in_float, int mode,
                      int threads) {
     int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
-    block_fp_job job = {{x, out, row_length, block_length, blocks_per_row}, mantissa_bits, min_exponent,
+    block_fp_job job = {{x, out, row_length, block_length, blocks_per_row, 0}, mantissa_bits, min_exponent,
                         max_exponent, in_float, mode, top_code, (float)top_code};
     run_blocks(&job.geometry, rows, threads, block_fp_range, &job);
 }
@@ -251,7 +251,7 @@ void lb_block_minifloat_f32(const float *x, float *out, int64_t rows, int64_t ro
                             int mantissa_bits, int binades_below_top, int min_shared, int max_shared, int in_float,
                             int mode, int threads) {
     int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
-    block_minifloat_job job = {{x, out, row_length, block_length, blocks_per_row}, mantissa_bits,
+    block_minifloat_job job = {{x, out, row_length, block_length, blocks_per_row, 0}, mantissa_bits,
                                binades_below_top, min_shared, max_shared, in_float, mode};
     run_blocks(&job.geometry, rows, threads, block_minifloat_range, &job);
 }

@@ -2,12 +2,13 @@
  * clamp(round(x * 2^f), q_min, q_max) * 2^-f. */
 #include <float.h>
 #include "common.h"
+#include "stream.h"
 
 typedef struct {
     const float *x;
     float *out;
     float multiplier, step, q_min, q_max;
-    int keep_sign, mode;
+    int keep_sign, mode, streamed;
 } fixed_job;
 
 static inline float fixed_value(float v, fixed_job job, int keep_sign, int mode) {
@@ -18,14 +19,17 @@ static inline float fixed_value(float v, fixed_job job, int keep_sign, int mode)
 
 /* the job's fields copied into locals (stores to out could otherwise alias them), keep_sign a constant */
 #define FIXED_LOOP(MODE) \
-    if (job.keep_sign) for (int64_t i = begin; i < end; i++) out[i] = fixed_value(x[i], job, 1, MODE); \
-    else for (int64_t i = begin; i < end; i++) out[i] = fixed_value(x[i], job, 0, MODE)
+    if (job.keep_sign) for (int64_t i = 0; i < n; i++) out[i] = fixed_value(x[i], job, 1, MODE); \
+    else for (int64_t i = 0; i < n; i++) out[i] = fixed_value(x[i], job, 0, MODE)
+
+static void fixed_span(const void *context, const float *x, float *out, int64_t n) {
+    const fixed_job job = *(const fixed_job *)context;
+    LB_FOR_EACH_MODE(job.mode, FIXED_LOOP)
+}
 
 static void fixed_range(const void *context, int64_t begin, int64_t end) {
-    const fixed_job job = *(const fixed_job *)context;
-    const float *x = job.x;
-    float *out = job.out;
-    LB_FOR_EACH_MODE(job.mode, FIXED_LOOP)
+    const fixed_job *job = context;
+    lb_spans(job, job->x, job->out, job->streamed, begin, end, fixed_span);
 }
 
 /* The format's constants, prepared once per spec by lowbit.native.integer (a ctypes structure). */
@@ -35,7 +39,8 @@ typedef struct {
 } lb_fixed_spec;
 
 void lb_fixed_f32(const float *x, float *out, int64_t n, const lb_fixed_spec *spec, int threads) {
-    fixed_job job = {x, out, spec->multiplier, spec->step, spec->q_min, spec->q_max, spec->keep_sign, spec->mode};
+    fixed_job job = {x, out, spec->multiplier, spec->step, spec->q_min, spec->q_max, spec->keep_sign, spec->mode,
+                     lb_streams(n)};
     lb_parallel(n, 64, threads, fixed_range, &job);
 }
 

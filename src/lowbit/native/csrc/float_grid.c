@@ -4,13 +4,14 @@
  * which the caller checks); the value is round(x / step) * step, clamped to +-max. +-inf get a huge finite
  * step and saturate; NaN stays NaN. */
 #include "common.h"
+#include "stream.h"
 
 typedef struct {
     const float *x;
     float *out;
     int32_t mantissa_shift, smallest_field;
     float max_value;
-    int saturate, mode;
+    int saturate, mode, streamed;
 } float_grid_job;
 
 static inline float grid_value(float v, const float_grid_job *job, int mode) {
@@ -18,11 +19,16 @@ static inline float grid_value(float v, const float_grid_job *job, int mode) {
     return job->saturate ? lb_clamp(rounded, job->max_value) : rounded;
 }
 
-#define GRID_LOOP(MODE) for (int64_t i = begin; i < end; i++) job->out[i] = grid_value(job->x[i], job, MODE)
+#define GRID_LOOP(MODE) for (int64_t i = 0; i < n; i++) out[i] = grid_value(x[i], job, MODE)
+
+static void float_grid_span(const void *context, const float *x, float *out, int64_t n) {
+    const float_grid_job local = *(const float_grid_job *)context, *job = &local; /* no store to out changes it */
+    LB_FOR_EACH_MODE(job->mode, GRID_LOOP)
+}
 
 static void float_grid_range(const void *context, int64_t begin, int64_t end) {
     const float_grid_job *job = context;
-    LB_FOR_EACH_MODE(job->mode, GRID_LOOP)
+    lb_spans(job, job->x, job->out, job->streamed, begin, end, float_grid_span);
 }
 
 /* x, out: n contiguous float32; 1 <= mantissa_bits; min_exponent - mantissa_bits >= -126 (checked by the
@@ -30,6 +36,6 @@ static void float_grid_range(const void *context, int64_t begin, int64_t end) {
 void lb_float_grid_f32(const float *x, float *out, int64_t n, int mantissa_bits, int min_exponent,
                        float max_value, int saturate, int mode, int threads) {
     float_grid_job job = {x, out, mantissa_bits << 23, (min_exponent - mantissa_bits + 127) << 23,
-                          max_value, saturate, mode};
+                          max_value, saturate, mode, lb_streams(n)};
     lb_parallel(n, 16, threads, float_grid_range, &job);
 }

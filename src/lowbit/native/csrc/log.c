@@ -3,6 +3,7 @@
 #include <float.h>
 #include <stdlib.h>
 #include "common.h"
+#include "stream.h"
 
 /* ---------------------------------------------------------------- log: powers of two ------------------- */
 
@@ -38,7 +39,7 @@ typedef struct {
     float *out;
     int32_t min_exponent, top_code;
     float below_sqrt2; /* the largest float32 below sqrt(2) */
-    int log_domain, mode;
+    int log_domain, mode, streamed;
 } log_job;
 
 /* The exponent code of v: the lower code plus its rounding by the fraction of the way to the next power
@@ -129,10 +130,9 @@ static inline float log_nearest_even(float v, uint32_t parity_add, float smalles
     else \
         for (int64_t i = begin; i < end; i++) out[i] = log_value(x[i], min_exponent, top_code, below_sqrt2, 0, MODE)
 
-static void log_range(const void *context, int64_t begin, int64_t end) {
+static void log_span(const void *context, const float *x, float *out, int64_t n) {
     const log_job *job = context;
-    const float *x = job->x;
-    float *out = job->out;
+    int64_t begin = 0, end = n;
     int32_t min_exponent = job->min_exponent, top_code = job->top_code;
     float below_sqrt2 = job->below_sqrt2;
     int log_domain = job->log_domain, normal = min_exponent >= -125 && min_exponent <= 126;
@@ -146,10 +146,15 @@ static void log_range(const void *context, int64_t begin, int64_t end) {
     LB_FOR_EACH_MODE(job->mode, LOG_LOOP)
 }
 
+static void log_range(const void *context, int64_t begin, int64_t end) {
+    const log_job *job = context;
+    lb_spans(job, job->x, job->out, job->streamed, begin, end, log_span);
+}
+
 /* log_domain only for the nearest modes (the caller passes 0 otherwise). */
 void lb_log_f32(const float *x, float *out, int64_t n, int min_exponent, int top_code, float below_sqrt2,
                 int log_domain, int mode, int threads) {
-    log_job job = {x, out, min_exponent, top_code, below_sqrt2, log_domain, mode};
+    log_job job = {x, out, min_exponent, top_code, below_sqrt2, log_domain, mode, lb_streams(n)};
     lb_parallel(n, 16, threads, log_range, &job);
 }
 

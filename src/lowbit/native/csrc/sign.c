@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include "phases.h"
 #include "sign.h"
+#include "stream.h"
 
 /* A format as phases over one split of x (lb_parallel_phases): one or two means, then the element pass.
  * Between phases, one thread reduces the pieces' slots and readies the next phase. */
@@ -50,6 +51,7 @@ static void plan_add(sign_plan *plan, int step, int select) {
 static int plan_run(sign_plan *plan, int64_t outer, int64_t groups, int64_t inner, int threads) {
     int64_t n = outer * groups * inner, grain = 16;
     int ok = 1;
+    plan->elements.streamed = lb_streams(n);
     plan_add(plan, STEP_ELEMENTS, 0);
     if (plan->count > 1) {
         ok = lb_stats_open(&plan->stats, plan->elements.x, outer, groups, inner, threads);
@@ -69,7 +71,7 @@ static int plan_open(sign_plan *plan, const float *x, float *out, int64_t groups
     *plan = (sign_plan){.stats = {.memory = NULL}};
     if (!arrays) return 0;
     plan->delta = arrays, plan->value = arrays + groups, plan->mean = arrays + 2 * groups;
-    plan->elements = (element_job){x, out, groups, inner, kind, plan->delta, plan->value};
+    plan->elements = (element_job){x, out, groups, inner, kind, 0, plan->delta, plan->value};
     return 1;
 }
 

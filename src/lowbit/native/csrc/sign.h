@@ -13,7 +13,7 @@ typedef struct {
     const float *x;
     float *out;
     int64_t groups, inner;
-    int kind;
+    int kind, streamed; /* streamed: out written past the cache (stream.h) */
     const float *delta, *value;
 } element_job;
 

@@ -2,6 +2,7 @@
  * by its group's threshold and scale (sign.h). */
 #include "lanes.h"
 #include "sign.h"
+#include "stream.h"
 
 static inline float element_value(float v, int kind, float delta, float value) {
     float result;
@@ -46,23 +47,25 @@ ALWAYS_INLINE void element_run(const float *x, float *out, int64_t length, int k
 #define ELEMENT_ROW(KIND) \
     for (int64_t k = 0; k < length; k++) out[k] = element_value(x[k], KIND, job->delta[g + k], job->value[g + k])
 
+/* Runs of one group (or of consecutive groups along a row, inner == 1), each at most a tile when streamed. */
 void lb_sign_element_range(const void *context, int64_t begin, int64_t end) {
     const element_job *job = context;
+    lb_sink sink;
+    lb_sink_open(&sink, job->out, job->streamed);
     for (int64_t i = begin; i < end;) {
-        int64_t g = (i / job->inner) % job->groups, length;
+        int64_t g = (i / job->inner) % job->groups, run_end;
+        if (job->groups == 1 || job->inner > 1) run_end = job->groups == 1 ? end : (i / job->inner + 1) * job->inner;
+        else run_end = i - g + job->groups;
+        int64_t length = lb_sink_span(&sink, (run_end < end ? run_end : end) - i);
         const float *x = job->x + i;
-        float *out = job->out + i;
+        float *out = lb_sink_next(&sink, i, length);
         if (job->groups == 1 || job->inner > 1) { /* one group over the run */
-            int64_t run_end = job->groups == 1 ? end : (i / job->inner + 1) * job->inner;
-            length = (run_end < end ? run_end : end) - i;
             switch (job->kind) {
             case ELEMENT_TERNARY: ELEMENT_RUN(ELEMENT_TERNARY); break;
             case ELEMENT_BIPOLAR: ELEMENT_RUN(ELEMENT_BIPOLAR); break;
             default: ELEMENT_RUN(ELEMENT_UNIPOLAR); break;
             }
         } else { /* inner == 1: consecutive elements, consecutive groups up to the row's end */
-            int64_t run_end = i - g + job->groups;
-            length = (run_end < end ? run_end : end) - i;
             switch (job->kind) {
             case ELEMENT_TERNARY: ELEMENT_ROW(ELEMENT_TERNARY); break;
             case ELEMENT_BIPOLAR: ELEMENT_ROW(ELEMENT_BIPOLAR); break;
@@ -71,4 +74,5 @@ void lb_sign_element_range(const void *context, int64_t begin, int64_t end) {
         }
         i += length;
     }
+    lb_sink_close(&sink);
 }

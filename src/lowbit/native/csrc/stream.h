@@ -1,0 +1,127 @@
+/* Outputs written past the cache. A float32 result larger than the cache can hold is evicted before anything
+ * reads it, so writing it through the cache costs a read of every line first (the store misses and fetches
+ * the line it overwrites whole) and a write-back later. Non-temporal stores skip the read: a pass that reads
+ * x once and writes out once then moves two tensors' worth of memory instead of three, as x.clone() does.
+ *
+ * A kernel computes a streamed output a tile at a time into a buffer that stays in the L1 cache
+ * (lb_sink_place), then copies the tile out with non-temporal stores (lb_sink_flush); the values are the
+ * same floats either way. Whether a call streams is decided once per call from its output's size
+ * (lb_streams). */
+#ifndef LOWBIT_STREAM_H
+#define LOWBIT_STREAM_H
+
+#include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+#define LB_TILE 2048 /* floats: 8 KB of L1 */
+
+/* The output size in bytes from which calls stream (stream.c: the last-level cache, at most 32 MiB). */
+int64_t lb_stream_from(void);
+
+static inline int lb_streams(int64_t elements) { return elements >= lb_stream_from() / 4; }
+
+/* out[0, n) = tile[0, n): the whole 64-byte lines with non-temporal stores, the partial lines at either
+ * end with plain ones (other threads may write the rest of those lines). */
+static inline void lb_stream_copy(float *out, const float *tile, int64_t n) {
+#if defined(__SSE2__)
+    int64_t head = (int64_t)(((64 - ((uintptr_t)out & 63)) & 63) / 4);
+    if (((uintptr_t)out & 3) || head >= n) { memcpy(out, tile, (size_t)n * sizeof(float)); return; }
+    memcpy(out, tile, (size_t)head * sizeof(float));
+    int64_t k = head;
+    for (; k + 16 <= n; k += 16) {
+#if defined(__AVX512F__)
+        _mm512_stream_ps(out + k, _mm512_loadu_ps(tile + k));
+#elif defined(__AVX__)
+        _mm256_stream_ps(out + k, _mm256_loadu_ps(tile + k));
+        _mm256_stream_ps(out + k + 8, _mm256_loadu_ps(tile + k + 8));
+#else
+        for (int j = 0; j < 16; j += 4) _mm_stream_ps(out + k + j, _mm_loadu_ps(tile + k + j));
+#endif
+    }
+    memcpy(out + k, tile + k, (size_t)(n - k) * sizeof(float));
+#else
+    memcpy(out, tile, (size_t)n * sizeof(float)); /* no non-temporal stores in portable C */
+#endif
+}
+
+/* Non-temporal stores are weakly ordered: a thread fences after its last one, before anyone reads out. */
+static inline void lb_stream_fence(void) {
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+}
+
+/* Where a kernel writes its output: straight into out, or (streamed) into a tile that collects consecutive
+ * elements and goes out with non-temporal stores when full. A thread writes its range in order, so the tile
+ * holds out[start, start + filled); each drain sends the whole 64-byte lines and keeps the few elements of a
+ * partial last line for the next, so that only the ends of a thread's range take plain stores. */
+typedef struct {
+    float *out;
+    int64_t start, filled;
+    int streamed;
+    float tile[LB_TILE + 16] __attribute__((aligned(64)));
+} lb_sink;
+
+static inline void lb_sink_open(lb_sink *sink, float *out, int streamed) {
+    sink->out = out, sink->start = sink->filled = 0, sink->streamed = streamed;
+}
+
+/* How many elements a kernel may place at once: at most a tile when streamed. */
+static inline int64_t lb_sink_span(const lb_sink *sink, int64_t wanted) {
+    return sink->streamed && wanted > LB_TILE ? LB_TILE : wanted;
+}
+
+/* Sends the tile's whole lines out (all of it when `all`), keeping the rest at the tile's front. */
+static inline void lb_sink_drain(lb_sink *sink, int all) {
+    int64_t send = sink->filled;
+    if (!all) {
+        uintptr_t end = (uintptr_t)(sink->out + sink->start + sink->filled) & ~(uintptr_t)63;
+        uintptr_t begin = (uintptr_t)(sink->out + sink->start);
+        send = end > begin ? (int64_t)((end - begin) / sizeof(float)) : 0;
+    }
+    lb_stream_copy(sink->out + sink->start, sink->tile, send);
+    memmove(sink->tile, sink->tile + send, (size_t)(sink->filled - send) * sizeof(float));
+    sink->start += send, sink->filled -= send;
+}
+
+/* Where to write out[at, at + n) (n <= LB_TILE when streamed): out itself, or the tile. */
+static inline float *lb_sink_next(lb_sink *sink, int64_t at, int64_t n) {
+    if (!sink->streamed) return sink->out + at;
+    if (sink->filled && at != sink->start + sink->filled) lb_sink_drain(sink, 1); /* not consecutive */
+    if (sink->filled + n > LB_TILE + 16) lb_sink_drain(sink, 0);
+    if (sink->filled + n > LB_TILE + 16) lb_sink_drain(sink, 1); /* less than a line sent: a tiny tail */
+    if (!sink->filled) sink->start = at;
+    float *place = sink->tile + sink->filled;
+    sink->filled += n;
+    return place;
+}
+
+/* Everything out, then the fence. */
+static inline void lb_sink_close(lb_sink *sink) {
+    if (!sink->streamed) return;
+    lb_sink_drain(sink, 1);
+    lb_stream_fence();
+}
+
+/* An element-wise kernel's pass over [begin, end) of x into out: fn(job, x + at, where, n) on spans of at
+ * most a tile (streamed) or on the whole range at once. */
+typedef void (*lb_span_fn)(const void *job, const float *x, float *out, int64_t n);
+
+static inline void lb_spans(const void *job, const float *x, float *out, int streamed, int64_t begin, int64_t end,
+                            lb_span_fn fn) {
+    lb_sink sink;
+    lb_sink_open(&sink, out, streamed);
+    for (int64_t at = begin, n; at < end; at += n) {
+        n = lb_sink_span(&sink, end - at);
+        fn(job, x + at, lb_sink_next(&sink, at, n), n);
+    }
+    lb_sink_close(&sink);
+}
+
+#endif
