@@ -10,14 +10,12 @@
 
 /* A format as phases over one split of x (lb_parallel_phases): one or two means, then the element pass.
  * Between phases, one thread reduces the pieces' slots and readies the next phase. */
-enum { STEP_MEAN, STEP_TWN_DELTA, STEP_ELEMENTS };
-#define WINDOW_FROM ((int64_t)1 << 16) /* elements from which TWN's two means come from one pass */ /* STEP_TWN_DELTA: a mean, then delta = 0.75 mean */
+enum { STEP_MEAN, STEP_TWN_DELTA, STEP_ELEMENTS }; /* STEP_TWN_DELTA: a mean, then delta = 0.75 mean */
 
 typedef struct {
     stats_job stats;
     element_job elements;
     int steps[3], selects[3], count;
-    int windowed, skip; /* windowed: TWN per tensor (sign_window.c); skip: a phase the window made needless */
     float *delta, *value, *mean;
 } sign_plan;
 
@@ -27,7 +25,6 @@ static void plan_start(sign_plan *plan, int phase) {
 
 static void plan_phase(void *context, int64_t begin, int64_t end, int phase) {
     sign_plan *plan = context;
-    if (phase == plan->skip) return;
     if (plan->steps[phase] == STEP_ELEMENTS) lb_sign_element_range(&plan->elements, begin, end);
     else lb_stats_range(&plan->stats, begin, end);
 }
@@ -36,15 +33,9 @@ static void plan_phase(void *context, int64_t begin, int64_t end, int phase) {
 static int plan_between(void *context, int phase) {
     sign_plan *plan = context;
     int64_t groups = plan->stats.groups;
-    if (phase == plan->skip) return 1; /* the window gave this step's mean */
     if (plan->steps[phase] == STEP_TWN_DELTA) {
         if (!lb_stats_means(&plan->stats, plan->mean, 1)) return 0;
         for (int64_t g = 0; g < groups; g++) plan->delta[g] = 0.75f * plan->mean[g];
-        if (plan->stats.window.high && plan->steps[phase + 1] == STEP_MEAN) {
-            int served = lb_window_mean(&plan->stats, plan->delta, plan->value);
-            if (served == 0) return 0;
-            if (served == 1) return plan->skip = phase + 1, 1; /* the element pass needs no start */
-        }
     } else if (!lb_stats_means(&plan->stats, plan->value, plan->elements.kind != ELEMENT_TERNARY)) {
         return 0; /* STEP_MEAN: the scale; a zero one over a nonempty selection goes eager (ternary) */
     }
@@ -65,13 +56,11 @@ static int plan_run(sign_plan *plan, int64_t outer, int64_t groups, int64_t inne
     if (plan->count > 1) {
         ok = lb_stats_open(&plan->stats, plan->elements.x, outer, groups, inner, threads);
         grain = plan->stats.piece;
-        if (ok && plan->windowed && n >= WINDOW_FROM) lb_window_open(&plan->stats, lb_window_estimate(plan->elements.x, n));
     }
     if (ok) {
         plan_start(plan, 0);
         ok = lb_parallel_phases(n, grain, threads, plan->count, plan_phase, plan_between, plan);
     }
-    lb_window_close(&plan->stats);
     free(plan->stats.memory), free(plan->delta);
     return ok;
 }
@@ -79,7 +68,7 @@ static int plan_run(sign_plan *plan, int64_t outer, int64_t groups, int64_t inne
 /* Per-group arrays delta, value, mean and the element pass's job; 0 when out of memory. */
 static int plan_open(sign_plan *plan, const float *x, float *out, int64_t groups, int64_t inner, int kind) {
     float *arrays = calloc(3 * (size_t)groups, sizeof(float));
-    *plan = (sign_plan){.stats = {.memory = NULL}, .skip = -1};
+    *plan = (sign_plan){.stats = {.memory = NULL}};
     if (!arrays) return 0;
     plan->delta = arrays, plan->value = arrays + groups, plan->mean = arrays + 2 * groups;
     plan->elements = (element_job){x, out, groups, inner, kind, 0, plan->delta, plan->value};
@@ -99,7 +88,6 @@ int lb_ternary_f32(const float *x, float *out, int64_t outer, int64_t groups, in
     }
     if (!fixed) plan_add(&plan, STEP_TWN_DELTA, SELECT_NOT_NAN);
     if (scaled && !alpha) plan_add(&plan, STEP_MEAN, SELECT_ABOVE);
-    plan.windowed = !fixed && scaled && !alpha && groups == 1;
     return plan_run(&plan, outer, groups, inner, threads);
 }
 
