@@ -82,7 +82,14 @@ def test_the_threshold_is_at_most_32_mib_and_tests_can_move_it():
     assert 0 < own <= 32 << 20
     with kernels.stream_from(1000):
         assert kernels.stream_threshold() == 1000
+        assert kernels.streams(250, 1) and not kernels.streams(249, 8)  # forced: one thread too
     assert kernels.stream_threshold() == own
+
+
+def test_calls_stream_from_the_threshold_on_two_threads_or_more():
+    at = kernels.stream_threshold() // 4  # float32 elements
+    assert kernels.streams(at, 2) and kernels.streams(at, 64) and kernels.streams(1 << 40, 2)
+    assert not kernels.streams(at - 1, 2) and not kernels.streams(at, 1) and not kernels.streams(1 << 40, 1)
 
 
 def test_an_output_past_the_threshold_streams_by_default_and_stays_exact():

@@ -67,9 +67,18 @@ def stream_from(size_bytes: int):
 
 
 def stream_threshold() -> int | None:
-    """The output size in bytes from which the loaded library streams its outputs (None: no library)."""
+    """The output size in bytes from which the loaded library streams its outputs on two threads or more
+    (None: no library)."""
     entry = function("lb_stream_from", [], I64)
     return None if entry is None else int(entry())
+
+
+def streams(elements: int, threads: int) -> bool:
+    """Whether a kernel call writing ``elements`` float32 outputs on ``threads`` threads streams them."""
+    entry = function("lb_stream_decision", [I64, INT], INT)
+    if entry is None:
+        raise RuntimeError("the native library is not loaded")
+    return bool(entry(elements, threads))
 
 
 def uses_openmp() -> bool:

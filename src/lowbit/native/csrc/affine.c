@@ -343,7 +343,7 @@ static int given_pass(affine_job *job, int64_t outer, int threads) {
 int lb_affine_f32(const float *x, float *out, int layout, int64_t d0, int64_t d1, int64_t d2,
                   const lb_affine_spec *spec, int threads) {
     affine_job job = {x, out, d1, d2, d1, d2, NULL, NULL, NULL, NULL, 1, {1.0f, 1.0f, 0.0f, 1}, spec, NULL, 0};
-    job.streamed = lb_streams(layout == LAYOUT_TENSOR ? d0 : (layout == LAYOUT_ROWS ? d0 * d1 : d0 * d1 * d2));
+    job.streamed = lb_streams(layout == LAYOUT_TENSOR ? d0 : (layout == LAYOUT_ROWS ? d0 * d1 : d0 * d1 * d2), threads);
     switch (layout) {
     case LAYOUT_TENSOR: return tensor_pass(&job, d0, threads);
     case LAYOUT_ROWS:

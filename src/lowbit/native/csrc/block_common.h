@@ -302,7 +302,7 @@ LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t leng
 static inline void run_blocks(block_geometry *geometry, int64_t rows, int threads, lb_range_fn fn,
                               const void *job) {
     int64_t blocks = rows * geometry->blocks_per_row;
-    geometry->streamed = lb_streams(rows * geometry->row_length);
+    geometry->streamed = lb_streams(rows * geometry->row_length, threads);
     int64_t grain = geometry->block_length >= 4096 ? 1 : 4096 / geometry->block_length;
     lb_parallel(blocks * geometry->block_length, grain * geometry->block_length, threads, fn, job);
 }

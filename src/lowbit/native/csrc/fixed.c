@@ -40,7 +40,7 @@ typedef struct {
 
 void lb_fixed_f32(const float *x, float *out, int64_t n, const lb_fixed_spec *spec, int threads) {
     fixed_job job = {x, out, spec->multiplier, spec->step, spec->q_min, spec->q_max, spec->keep_sign, spec->mode,
-                     lb_streams(n)};
+                     lb_streams(n, threads)};
     lb_parallel(n, 64, threads, fixed_range, &job);
 }
 

@@ -51,7 +51,7 @@ static void plan_add(sign_plan *plan, int step, int select) {
 static int plan_run(sign_plan *plan, int64_t outer, int64_t groups, int64_t inner, int threads) {
     int64_t n = outer * groups * inner, grain = 16;
     int ok = 1;
-    plan->elements.streamed = lb_streams(n);
+    plan->elements.streamed = lb_streams(n, threads);
     plan_add(plan, STEP_ELEMENTS, 0);
     if (plan->count > 1) {
         ok = lb_stats_open(&plan->stats, plan->elements.x, outer, groups, inner, threads);
