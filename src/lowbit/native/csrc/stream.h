@@ -26,9 +26,9 @@ int64_t lb_stream_from(void);
 int lb_stream_single(void);
 
 /* Whether a call of this many output elements on `threads` threads streams. One thread leaves the memory
- * bus idle part of the time, so the reads the streaming saves cost nothing there: at 4096 x 4096 on one
- * thread (Zen 4) the streamed pass was 0.997-1.12 times the plain one, on two threads 0.81-0.92 for the
- * passes memory bounds (integer, affine, MX) and 1.04 for block_minifloat, which its arithmetic bounds. */
+ * bus idle part of the time, so the reads that streaming saves cost little there: at 4096 x 4096 (Zen 4,
+ * benchmarks/streamed.py and paired runs) one thread's streamed pass was 0.79-1.12 times the plain one,
+ * varying by format and by run, against 0.72-0.91 on two threads for every format measured. */
 int lb_stream_decision(int64_t elements, int threads);
 static inline int lb_streams(int64_t elements, int threads) { return lb_stream_decision(elements, threads); }
 
