@@ -38,32 +38,29 @@ def function(name: str, argument_types: list, result_type=None):
 
 
 @contextlib.contextmanager
+def _override(setter: str, value: int):
+    """Set one of the library's test overrides (``setter(value)``), and its own rule again (0) on exit."""
+    entry = function(setter, [I64])
+    if entry is None:
+        raise RuntimeError("the native library is not loaded")
+    entry(value)
+    try:
+        yield
+    finally:
+        entry(0)
+
+
 def threads_from(elements: int):
     """Run every kernel's threaded split from ``elements`` elements on (tests: the threaded code on small
     tensors); the kernels' own thresholds again on exit. Needs the library loaded."""
-    entry = function("lb_set_threads_from", [I64])
-    if entry is None:
-        raise RuntimeError("the native library is not loaded")
-    entry(elements)
-    try:
-        yield
-    finally:
-        entry(0)
+    return _override("lb_set_threads_from", elements)
 
 
-@contextlib.contextmanager
 def stream_from(size_bytes: int):
-    """Write every kernel's output with non-temporal stores from outputs of ``size_bytes`` on (1: always;
-    tests run the streamed code on small tensors; csrc/stream.h), the library's own threshold again on exit.
-    Needs the library loaded."""
-    entry = function("lb_set_stream_from", [I64])
-    if entry is None:
-        raise RuntimeError("the native library is not loaded")
-    entry(size_bytes)
-    try:
-        yield
-    finally:
-        entry(0)
+    """Write every kernel's output with non-temporal stores from outputs of ``size_bytes`` on, on any number
+    of threads (1: always; tests run the streamed code on small tensors; csrc/stream.h), the library's own
+    rule again on exit. Needs the library loaded."""
+    return _override("lb_set_stream_from", size_bytes)
 
 
 def stream_threshold() -> int | None:
