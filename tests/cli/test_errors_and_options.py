@@ -3,7 +3,6 @@ default < TOML < command line; ``lowbit formats`` lists every format."""
 
 from __future__ import annotations
 
-import argparse
 
 import pytest
 

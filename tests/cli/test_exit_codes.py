@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from lowbit.cli import EXIT_FAILURE, EXIT_USAGE, main
+from lowbit.cli import EXIT_FAILURE, EXIT_USAGE
 
 TOY = 'model = "toy"\ndataset = "toy_tiny"\n'
 QUANTIZE = ('[passes.quantize]\nby = "type"\n[passes.quantize.linear.config]\nname = "integer"\n'

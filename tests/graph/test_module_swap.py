@@ -57,6 +57,9 @@ def test_module_swap_by_type_name_and_regex(args, expected):
     model, info = quantize_module_transform_pass(model, args)
     for name, cls in expected.items():
         assert type(model.get_submodule(name)) is cls
+        if cls is nn.Linear:  # a layer left alone keeps its parameters, bit for bit
+            kept, original = model.get_submodule(name), reference.get_submodule(name)
+            assert torch.equal(kept.weight, original.weight) and torch.equal(kept.bias, original.bias)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert model(x).shape == (3, 2)

@@ -53,7 +53,7 @@ def test_mase_layout_runs_and_front_files_are_valid(tmp_path):
 
 
 def test_front_toml_reproduces_the_trial_through_the_quantize_pass(tmp_path):
-    result = run_search(write(tmp_path, TOY_MASE), tmp_path / "out")
+    run_search(write(tmp_path, TOY_MASE), tmp_path / "out")
     member = json.loads((tmp_path / "out" / "front.json").read_text())["front"][0]
     config = load_run_config(tmp_path / "out" / member["config"], PASSES)
     assert config.style == "module" and config.options["model"] == "toy"
