@@ -267,15 +267,15 @@ LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t leng
         const block_geometry geometry = (job)->geometry; \
         const int64_t full = (LENGTH) ? (LENGTH) : geometry.block_length; \
         int64_t first_index = (begin) / full, last_index = (end) / full; \
-        const int streamed = geometry.streamed && full <= LB_TILE; /* a group's blocks fit the tile */ \
-        int64_t per_group = streamed && full * LB_GROUP_BLOCKS > LB_TILE ? LB_TILE / full : LB_GROUP_BLOCKS; \
-        lb_sink sink; \
-        lb_sink_open(&sink, geometry.out, streamed); \
+        const int streamed_ = geometry.streamed && full <= LB_TILE; /* a group's blocks fit the tile */ \
+        int64_t per_group_ = streamed_ && full * LB_GROUP_BLOCKS > LB_TILE ? LB_TILE / full : LB_GROUP_BLOCKS; \
+        lb_sink sink_; \
+        lb_sink_open(&sink_, geometry.out, streamed_); \
         if (geometry.row_length % full == 0) { \
-            for (int64_t group = first_index; group < last_index; group += per_group) { \
-                int64_t count = last_index - group < per_group ? last_index - group : per_group; \
+            for (int64_t group = first_index; group < last_index; group += per_group_) { \
+                int64_t count = last_index - group < per_group_ ? last_index - group : per_group_; \
                 const float *group_x = geometry.x + group * full; \
-                float *group_out = lb_sink_next(&sink, group * full, count * full); \
+                float *group_out = lb_sink_next(&sink_, group * full, count * full); \
                 PARAM params_[LB_GROUP_BLOCKS]; \
                 GROUP(job, group, group_x, count, full, params_, MODE); \
                 APPLY_GROUP(APPLY, job, params_, group_x, group_out, count, full, MODE); \
@@ -287,14 +287,14 @@ LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t leng
                 int64_t start = column * full, length = geometry.row_length - start; \
                 length = length < full ? length : full; \
                 const float *block_x = geometry.x + row * geometry.row_length + start; \
-                float *block_out = lb_sink_next(&sink, row * geometry.row_length + start, length); \
+                float *block_out = lb_sink_next(&sink_, row * geometry.row_length + start, length); \
                 if ((LENGTH) && length == full) \
                     LB_STAT_APPLY(job, index, block_x, block_out, full, PARAM, STAT, APPLY, MODE); \
                 else LB_STAT_APPLY(job, index, block_x, block_out, length, PARAM, STAT, APPLY, MODE); \
                 if (++column == geometry.blocks_per_row) { column = 0; row++; } \
             } \
         } \
-        lb_sink_close(&sink); \
+        lb_sink_close(&sink_); \
     } while (0)
 
 /* lb_parallel counts elements (it threads from 2^20 of them): each block counts as block_length units, so
