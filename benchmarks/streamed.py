@@ -33,8 +33,8 @@ FORMATS = {
     "e4m3": ("e4m3", {}),
     "log": ("log", {"width": 8, "exponent_bias": 63}),
     "e2m1": ("e2m1", {"block_size": (1, 32)}),
-    "block_minifloat": ("block_minifloat", {"width": 8, "exponent_width": 4, "exponent_bias_width": 4,
-                                            "block_size": (1, 16)}),  # fmt: skip
+    "block_minifloat": ("block_minifloat",
+                        {"width": 8, "exponent_width": 4, "exponent_bias_width": 4, "block_size": (1, 16)}),
     "mxint8": ("mxint8", {}),
     "mxfp4_e2m1": ("mxfp4_e2m1", {}),
 }
@@ -76,10 +76,9 @@ def main() -> None:
         for key in arguments.only or FORMATS:
             name, params = FORMATS[key]
             result = measure(lowbit.get_format(name)(**params), x, arguments.rounds)
-            to_clone = 1.0 / result["clone"].ratio
-            print(f"| {key} | {threads} | {to_clone:.2f} | {result['streamed'].ratio * to_clone:.2f} | "
-                  f"{timing.cell(result['streamed'])} | {result['plain'].milliseconds:.2f} | {result['streamed'].milliseconds:.2f} |",
-                  flush=True)  # fmt: skip
+            plain, streamed, to_clone = result["plain"], result["streamed"], 1.0 / result["clone"].ratio
+            print(f"| {key} | {threads} | {to_clone:.2f} | {streamed.ratio * to_clone:.2f} | {timing.cell(streamed)} | "
+                  f"{plain.milliseconds:.2f} | {streamed.milliseconds:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

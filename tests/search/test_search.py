@@ -148,7 +148,7 @@ def test_config_errors_are_config_errors(tmp_path):
         run_search(write(tmp_path, bad_format, "b.toml"), tmp_path / "out")
     completed = subprocess.run([sys.executable, "-m", "lowbit", "search", "--config",
                                 str(write(tmp_path, TOY_MASE.replace('"tpe"', '"cmaes"'), "c.toml"))],
-                               capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+                               check=False, capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert completed.returncode == 2 and "sampler" in completed.stderr
 
 
@@ -163,7 +163,7 @@ def test_cli_search_with_two_workers(tmp_path):
     config = write(tmp_path, TOY_MASE_STRINGS)
     completed = subprocess.run([sys.executable, "-W", "ignore", "-m", "lowbit", "search", "--config", str(config),
                                 "--save-dir", str(tmp_path / "out"), "--n-trials", "2", "--workers", "2"],
-                               capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
+                               check=False, capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
     assert completed.returncode == 0, completed.stderr
     assert "trials in study: 4 (this run added 4" in completed.stdout
     sentence = json.loads((tmp_path / "out" / "front.json").read_text())["comparison"]["sentence"]
@@ -202,7 +202,7 @@ def test_cli_load_reaches_the_front_tomls(tmp_path):
     config = write(tmp_path, DIGITS_PRESETS.replace("n_trials = 2", "n_trials = 1"))
     completed = subprocess.run([sys.executable, "-W", "ignore", "-m", "lowbit", "-q", "search", "--config", str(config),
                                 "--save-dir", str(tmp_path / "out"), "--load", str(tmp_path / "mlp.pt"), "--load-type",
-                                "pt"], capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
+                                "pt"], check=False, capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
     assert completed.returncode == 0, completed.stderr
     for path in (tmp_path / "out" / "front").iterdir():
         options = load_run_config(path, PASSES).options

@@ -174,7 +174,7 @@ def _key(cc: str, flags: list[str]) -> str:
     for path in sorted(SOURCE_DIR.iterdir()):
         if path.suffix in (".c", ".h"):
             digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    version = subprocess.run([cc, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
     for part in (cc, version, " ".join(flags), platform.machine(), sys.platform, _cpu_description()):
         digest.update(part.encode() + b"\0")
     return digest.hexdigest()[:24]
@@ -313,5 +313,5 @@ def _compile_objects(cc: str, flags: list[str], folder: str) -> str | None:
 
 
 def _run(command: list[str]) -> str | None:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     return None if result.returncode == 0 else result.stderr.strip()[-300:]
