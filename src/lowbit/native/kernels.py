@@ -72,7 +72,7 @@ def stream_threshold() -> int | None:
 
 def streams(elements: int, threads: int) -> bool:
     """Whether a kernel call writing ``elements`` float32 outputs on ``threads`` threads streams them."""
-    entry = function("lb_stream_decision", [I64, INT], INT)
+    entry = function("lb_streams", [I64, INT], INT)
     if entry is None:
         raise RuntimeError("the native library is not loaded")
     return bool(entry(elements, threads))

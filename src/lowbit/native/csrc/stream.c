@@ -13,7 +13,6 @@ static volatile int64_t lb_stream_probed = 0;
 /* bytes > 0: stream from outputs of that size on, on any number of threads (tests); 0: the library's own rule. */
 void lb_set_stream_from(int64_t bytes) { lb_stream_override = bytes > 0 ? bytes : 0; }
 
-int lb_stream_single(void) { return lb_stream_override != 0; }
 
 static int64_t lb_cache_bytes(void) {
     long bytes = -1;
@@ -30,7 +29,7 @@ int64_t lb_stream_from(void) {
     return lb_stream_probed;
 }
 
-/* lb_streams as a function (tests ask it what a call would do). */
-int lb_stream_decision(int64_t elements, int threads) {
-    return (threads > 1 || lb_stream_single()) && elements >= lb_stream_from() / 4;
+/* stream.h's rule; an override from the tests streams on one thread too. */
+int lb_streams(int64_t elements, int threads) {
+    return (threads > 1 || lb_stream_override != 0) && elements >= lb_stream_from() / 4;
 }

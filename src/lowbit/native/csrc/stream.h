@@ -23,14 +23,12 @@
 
 /* The output size in bytes from which calls stream (stream.c: the last-level cache, at most 32 MiB). */
 int64_t lb_stream_from(void);
-int lb_stream_single(void);
 
 /* Whether a call of this many output elements on `threads` threads streams. One thread leaves the memory
  * bus idle part of the time, so the reads that streaming saves cost little there: at 4096 x 4096 (Zen 4,
  * benchmarks/streamed.py and paired runs) one thread's streamed pass was 0.79-1.12 times the plain one,
  * varying by format and by run, against 0.72-0.91 on two threads for every format measured. */
-int lb_stream_decision(int64_t elements, int threads);
-static inline int lb_streams(int64_t elements, int threads) { return lb_stream_decision(elements, threads); }
+int lb_streams(int64_t elements, int threads);
 
 /* out[0, n) = tile[0, n): the whole 64-byte lines with non-temporal stores, the partial lines at either
  * end with plain ones (other threads may write the rest of those lines). */
