@@ -181,3 +181,44 @@ def test_relative_save_dir_is_relative_to_the_working_folder(lowbit_cli, tmp_pat
     assert status == 0, err
     assert (tmp_path / "my_report" / "report.html").is_file()  # the test runs in tmp_path
     assert "lowbit: quantization report on 1 test batch, without sensitivity ..." in err
+
+
+def test_a_ctrl_c_inside_an_import_arrives_once_the_import_has_finished(tmp_path, monkeypatch):
+    """torch's import calls Python from C++; a KeyboardInterrupt raised there aborted the process (status -6,
+    seen once in CI). The handler defers a Ctrl-C that lands inside an import and sends it again after."""
+    import signal
+    import sys
+    import time
+
+    from lowbit import cli
+
+    (tmp_path / "module_interrupted_while_importing.py").write_text(
+        "import signal\nsignal.raise_signal(signal.SIGINT)\nfinished = True\n")  # fmt: skip
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(cli._interrupt, "seen", False)
+    previous = signal.signal(signal.SIGINT, cli._record_interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            import module_interrupted_while_importing  # noqa: F401
+
+            time.sleep(5)  # the interrupt, sent again, ends this sleep
+        assert sys.modules["module_interrupted_while_importing"].finished
+        assert cli._interrupt["seen"]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        sys.modules.pop("module_interrupted_while_importing", None)
+
+
+def test_a_ctrl_c_outside_an_import_raises_at_once(monkeypatch):
+    import signal
+
+    from lowbit import cli
+
+    monkeypatch.setitem(cli._interrupt, "seen", False)
+    previous = signal.signal(signal.SIGINT, cli._record_interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+            raise AssertionError("the interrupt was not raised where it arrived")
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -17,7 +17,9 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
+from types import FrameType
 
 from lowbit.errors import ConfigError, FormatError, LowbitError, UsageError
 
@@ -69,11 +71,29 @@ def run() -> int:
 
 
 _interrupt = {"seen": False}
+_REDELIVERY_SECONDS = 0.02
 
 
-def _record_interrupt(signum: int, frame: object) -> None:
+def _record_interrupt(signum: int, frame: FrameType | None) -> None:
+    """Raise KeyboardInterrupt where it is safe. Inside an import it is not: torch's import calls back into
+    Python from C++ (``torch._C._autograd_init`` imports modules), and an exception raised there goes through
+    C++ that cannot pass it on, which aborts the process (status -6). So a Ctrl-C that lands inside an import
+    is sent again a moment later, until it arrives outside one."""
     _interrupt["seen"] = True
+    if _inside_import(frame):
+        timer = threading.Timer(_REDELIVERY_SECONDS, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
     raise KeyboardInterrupt
+
+
+def _inside_import(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _fail(message: str, debug: bool, error: BaseException, status: int) -> int:
