@@ -151,11 +151,16 @@ LB_INLINE void nearest_powers(const float *restrict x, float *restrict out, int6
                               const block_log_params *params) {
     const lanes_i magnitude_mask = lanes_of(0x7fffffff), field_mask = lanes_of(0x7f800000);
     const lanes_i half_below = lanes_of((1 << 22) - 1), one = lanes_of(1);
-    for (int64_t item = 0; item < count; item++) {
+    int32_t parities[LB_GROUP_BLOCKS], smallests[LB_GROUP_BLOCKS], midpoints[LB_GROUP_BLOCKS], largests[LB_GROUP_BLOCKS];
+    for (int64_t item = 0; item < count; item++) { /* every block's constants first: a loop across blocks */
         int min_exponent = params[item].min_exponent, max_exponent = params[item].max_exponent;
-        lanes_i parity_offset = lanes_of(min_exponent & 1), smallest = lanes_of((min_exponent + 127) << 23);
-        lanes_i midpoint = lanes_of((min_exponent - 1 + 127) << 23);
-        lanes_i largest = lanes_of(((max_exponent > 127 ? 127 : max_exponent) + 127) << 23);
+        parities[item] = min_exponent & 1, smallests[item] = (min_exponent + 127) << 23;
+        midpoints[item] = (min_exponent - 1 + 127) << 23;
+        largests[item] = ((max_exponent > 127 ? 127 : max_exponent) + 127) << 23;
+    }
+    for (int64_t item = 0; item < count; item++) {
+        lanes_i parity_offset = lanes_of(parities[item]), smallest = lanes_of(smallests[item]);
+        lanes_i midpoint = lanes_of(midpoints[item]), largest = lanes_of(largests[item]);
         const float *block_x = x + item * length;
         float *block_out = out + item * length;
         LB_BLOCK_LOOP for (int64_t k = 0; k < length; k += LANES) {

@@ -236,9 +236,31 @@ LB_INLINE void block_minifloat_group(const block_minifloat_job *job, int64_t fir
     if (!LB_LIKELY(all_usual)) LB_GROUP_REDO(block_minifloat_stat, job, first, x, count, length, params, mode, usual);
 }
 
+/* A group's elements: where every block takes grid_block's bit path, each block's smallest step field first
+ * (a loop across the blocks), then the elements with no per-block test; else block after block. */
+LB_INLINE void block_minifloat_apply_group(const block_minifloat_job *job, const minifloat_params *params,
+                                           const float *restrict x, float *restrict out, int64_t count,
+                                           int64_t length, int mode) {
+    int m = job->mantissa_bits, below_top = job->binades_below_top, all_bits = job->in_float && m >= 1;
+    int32_t smallest[LB_GROUP_BLOCKS], shift = m << 23;
+    for (int64_t item = 0; item < count; item++) {
+        int lowest_step = params[item].shared - below_top - m; /* grid_block's min_exponent - mantissa_bits */
+        all_bits &= lowest_step >= -126;
+        smallest[item] = (lowest_step + 127) << 23;
+    }
+    if (!LB_LIKELY(all_bits)) {
+        LB_EACH_BLOCK(block_minifloat_apply, job, params, x, out, count, length, mode);
+        return;
+    }
+    for (int64_t item = 0; item < count; item++)
+        grid_block_bits(x + item * length, out + item * length, length, shift, smallest[item], params[item].limit, mode);
+}
+#define BLOCK_MINIFLOAT_APPLY_GROUP(APPLY, job, params, x, out, count, length, MODE) \
+    block_minifloat_apply_group(job, params, x, out, count, length, MODE)
+
 #define BLOCK_MINIFLOAT_LOOP(MODE) \
-    LB_FOR_BLOCKS(job, begin, end, minifloat_params, block_minifloat_stat, block_minifloat_group, \
-                  block_minifloat_apply, MODE)
+    LB_FOR_GROUPED_BLOCKS(job, begin, end, minifloat_params, block_minifloat_stat, block_minifloat_group, \
+                          block_minifloat_apply, BLOCK_MINIFLOAT_APPLY_GROUP, MODE)
 
 static void block_minifloat_range(const void *context, int64_t begin, int64_t end) {
     const block_minifloat_job local = *(const block_minifloat_job *)context, *job = &local;
