@@ -23,7 +23,7 @@ def _write(tmp_path, text: str, name: str = "c.toml"):
 
 
 def _one_line_error(lowbit_cli, *argv) -> str:
-    status, out, err = lowbit_cli(*argv)
+    status, _out, err = lowbit_cli(*argv)
     assert status == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
@@ -109,17 +109,17 @@ def test_precedence_default_then_toml_then_command_line(tmp_path, monkeypatch):
 
 
 def test_effective_configuration_is_printed(lowbit_cli, tmp_path):
-    status, out, err = lowbit_cli("test", "toy", "toy_tiny", "--load", "x.ckpt", "--batch-size", "7", quiet=False)
+    status, out, _err = lowbit_cli("test", "toy", "toy_tiny", "--load", "x.ckpt", "--batch-size", "7", quiet=False)
     assert status == 2  # x.ckpt does not exist; the table came first
     assert "Effective configuration" in out and "batch_size" in out and "7" in out
 
 
 def test_formats_lists_every_format(lowbit_cli):
-    status, out, err = lowbit_cli("formats")
+    status, out, _err = lowbit_cli("formats")
     assert status == 0
     for name in list_formats():
         assert name in out
-    status, out, err = lowbit_cli("formats", "e4m3")
+    status, out, _err = lowbit_cli("formats", "e4m3")
     assert status == 0 and "448" in out and "253 values" in out  # OCP E4M3: +-448, 253 finite values
 
 
@@ -132,7 +132,7 @@ def test_version(capsys):
 
 def test_a_saved_model_of_another_kind_is_refused(lowbit_cli, tmp_path):
     config = _write(tmp_path, TOY + QUANTIZE)
-    status, out, err = lowbit_cli("transform", "--config", config, "--project", "t")
+    status, _out, err = lowbit_cli("transform", "--config", config, "--project", "t")
     assert status == 0, err
     folder = lowbit_cli.software("t") / "transform" / "transformed_ckpt"
     line = _one_line_error(lowbit_cli, "test", "digits_mlp", "digits", "--load", str(folder))

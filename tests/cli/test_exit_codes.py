@@ -155,7 +155,7 @@ def test_untrained_warning_is_one_line_and_quiet_keeps_it(lowbit_cli, tmp_path):
     assert [line for line in err.splitlines() if "warning" in line] == [line for line in err.splitlines()
                                                                         if line.startswith(UNTRAINED)]  # fmt: skip
     assert sum(line.startswith(UNTRAINED) for line in err.splitlines()) == 1
-    status, out, err = lowbit_cli("transform", "--config", config, "-q")
+    status, _out, err = lowbit_cli("transform", "--config", config, "-q")
     assert status == 0 and err.strip().startswith(UNTRAINED) and len(err.strip().splitlines()) == 1
 
 

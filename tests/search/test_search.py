@@ -57,7 +57,7 @@ def test_front_toml_reproduces_the_trial_through_the_quantize_pass(tmp_path):
     member = json.loads((tmp_path / "out" / "front.json").read_text())["front"][0]
     config = load_run_config(tmp_path / "out" / member["config"], PASSES)
     assert config.style == "module" and config.options["model"] == "toy"
-    [(name, pass_args)] = config.passes
+    [(_name, pass_args)] = config.passes
     model = _model_of_the_search()
     quantize_module_transform_pass(model, pass_args)
     dataset = get_split("toy_tiny", "validation")
