@@ -311,17 +311,26 @@ static inline void run_blocks(block_geometry *geometry, int64_t rows, int thread
 #define LB_FLOAT32_MAX 3.40282347e+38f
 
 /* ---- shared by the per-block float grids (MX, block_minifloat) --------------------------------------- */
-/* round(v / step) * step clamped to +-limit, step = 2^(max(floor_log2 |v|, min_exponent) - M). */
-/* grid_block's bit path (every step normal): shift = M << 23, smallest = the smallest step's exponent field. */
+/* grid_block's bit path, taken where every step is normal (the smallest, 2^(min_exponent - M), included), and
+ * the smallest step's exponent field it needs. */
+static inline int grid_bit_path(int mantissa_bits, int min_exponent) {
+    return mantissa_bits >= 1 && min_exponent - mantissa_bits >= -126;
+}
+static inline int32_t grid_smallest_field(int mantissa_bits, int min_exponent) {
+    return (min_exponent - mantissa_bits + 127) << 23;
+}
+
+/* The bit path: shift = M << 23, smallest = grid_smallest_field. */
 LB_INLINE void grid_block_bits(const float *restrict x, float *restrict out, int64_t length, int32_t shift,
                                int32_t smallest, float limit, int mode) {
     LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) out[k] = lb_clamp(grid_round_fast(x[k], shift, smallest, mode), limit);
 }
 
+/* round(v / step) * step clamped to +-limit, step = 2^(max(floor_log2 |v|, min_exponent) - M). */
 LB_INLINE void grid_block(const float *restrict x, float *restrict out, int64_t length, int mantissa_bits,
                               int min_exponent, float limit, int mode) {
-    if (mantissa_bits >= 1 && min_exponent - mantissa_bits >= -126) { /* the bit path: every step normal */
-        grid_block_bits(x, out, length, mantissa_bits << 23, (min_exponent - mantissa_bits + 127) << 23, limit, mode);
+    if (grid_bit_path(mantissa_bits, min_exponent)) {
+        grid_block_bits(x, out, length, mantissa_bits << 23, grid_smallest_field(mantissa_bits, min_exponent), limit, mode);
     } else {
         LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) {
             float step = general_step(x[k], min_exponent, mantissa_bits);

@@ -241,12 +241,12 @@ LB_INLINE void block_minifloat_group(const block_minifloat_job *job, int64_t fir
 LB_INLINE void block_minifloat_apply_group(const block_minifloat_job *job, const minifloat_params *params,
                                            const float *restrict x, float *restrict out, int64_t count,
                                            int64_t length, int mode) {
-    int m = job->mantissa_bits, below_top = job->binades_below_top, all_bits = job->in_float && m >= 1;
+    int m = job->mantissa_bits, below_top = job->binades_below_top, all_bits = job->in_float;
     int32_t smallest[LB_GROUP_BLOCKS], shift = m << 23;
-    for (int64_t item = 0; item < count; item++) {
-        int lowest_step = params[item].shared - below_top - m; /* grid_block's min_exponent - mantissa_bits */
-        all_bits &= lowest_step >= -126;
-        smallest[item] = (lowest_step + 127) << 23;
+    for (int64_t item = 0; item < count; item++) { /* min_exponent as block_minifloat_apply gives grid_block */
+        int min_exponent = params[item].shared - below_top;
+        all_bits &= grid_bit_path(m, min_exponent);
+        smallest[item] = grid_smallest_field(m, min_exponent);
     }
     if (!LB_LIKELY(all_bits)) {
         LB_EACH_BLOCK(block_minifloat_apply, job, params, x, out, count, length, mode);
