@@ -13,6 +13,7 @@
 #include "stream.h"
 
 #define LB_LIKELY(condition) __builtin_expect(!!(condition), 1) /* the usual case (code layout only) */
+#define LB_UNLIKELY(condition) __builtin_expect(!!(condition), 0)
 
 typedef struct {
     const float *x;
@@ -249,9 +250,10 @@ LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t leng
             }
             LANES_ACROSS(maxima, lanes_max);
             memcpy(largest + item, maxima, sizeof maxima[0]);
-            for (int j = 0; j < LANES; j++) /* a magnitude above the limit: that block's maximum of the rest */
-                if (!LB_LIKELY(largest[item + j] <= limit))
-                    largest[item + j] = abs_max_bits_upto(x + (item + j) * length, length, limit);
+            if (LB_UNLIKELY(lanes_any(maxima[0] > limit))) /* one test for the LANES blocks, then block by block */
+                for (int j = 0; j < LANES; j++) /* a magnitude above the limit: that block's maximum of the rest */
+                    if (largest[item + j] > limit)
+                        largest[item + j] = abs_max_bits_upto(x + (item + j) * length, length, limit);
         }
     for (; item < count; item++) largest[item] = abs_max_bits_upto(x + item * length, length, limit);
 }

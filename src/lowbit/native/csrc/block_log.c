@@ -81,9 +81,18 @@ LB_INLINE void nearest_power_double(const float *restrict x, float *restrict out
     }
 }
 
-/* One block's exponent range and whether its elements take nearest_power_float / _double (finite block,
- * nearest_even, not log_domain; 2: the float64 one). */
-typedef struct { int min_exponent, max_exponent, nearest; } block_log_params;
+/* One block's parameters packed in an int32 (a plain array across a group's blocks, which loops across blocks
+ * read and write as vectors; a struct of three ints became shuffles there): its bias << 2 | path, path 1
+ * where its elements take nearest_power_float, 2 nearest_power_double (finite block, nearest_even, not
+ * log_domain), 0 power_of_two. Its exponents: min 1 - bias, max top_code - bias. */
+typedef int32_t block_log_params;
+
+static inline int block_log_bias(block_log_params params) { return params >> 2; }
+static inline int block_log_path(block_log_params params) { return params & 3; }
+
+/* The path of a finite block of this bias under nearest_even outside the log domain: the float32 one where the
+ * smallest power's half, 2^(min_exponent - 1) = 2^-bias, is a normal float32. */
+static inline int32_t nearest_path(int bias) { return -bias >= -126 ? 1 : 2; }
 
 LB_INLINE block_log_params block_log_stat(const block_log_job *job, int64_t index, const float *restrict x,
                                           int64_t length, int mode) {
@@ -99,9 +108,8 @@ LB_INLINE block_log_params block_log_stat(const block_log_job *job, int64_t inde
     }
     int bias = job->top_code - ceil_log2;
     bias = bias < 0 ? 0 : (bias > job->max_bias ? job->max_bias : bias);
-    block_log_params params = {1 - bias, job->top_code - bias, 0};
-    if (mode == LB_NEAREST_EVEN && !job->log_domain && finite) params.nearest = params.min_exponent - 1 >= -126 ? 1 : 2;
-    return params;
+    int path = mode == LB_NEAREST_EVEN && !job->log_domain && finite ? nearest_path(bias) : 0;
+    return bias << 2 | path;
 }
 
 /* The blocks that nearest_power_float does not take, out of line: inlined, their code's register needs made
@@ -109,8 +117,8 @@ LB_INLINE block_log_params block_log_stat(const block_log_job *job, int64_t inde
 static __attribute__((noinline)) void other_block(const block_log_job *job, block_log_params params,
                                                   const float *restrict x, float *restrict out, int64_t length,
                                                   int mode) {
-    int min_exponent = params.min_exponent, max_exponent = params.max_exponent;
-    if (params.nearest == 2) nearest_power_double(x, out, length, min_exponent, max_exponent);
+    int min_exponent = 1 - block_log_bias(params), max_exponent = job->top_code - block_log_bias(params);
+    if (block_log_path(params) == 2) nearest_power_double(x, out, length, min_exponent, max_exponent);
     else
 #define LB_GENERIC(MODE) \
     LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) out[k] = power_of_two(x[k], min_exponent, max_exponent, job, MODE)
@@ -120,7 +128,8 @@ static __attribute__((noinline)) void other_block(const block_log_job *job, bloc
 
 LB_INLINE void block_log_apply(const block_log_job *job, block_log_params params, const float *restrict x,
                                float *restrict out, int64_t length, int mode) {
-    if (LB_LIKELY(params.nearest == 1)) nearest_power_float(x, out, length, params.min_exponent, params.max_exponent);
+    if (LB_LIKELY(block_log_path(params) == 1))
+        nearest_power_float(x, out, length, 1 - block_log_bias(params), job->top_code - block_log_bias(params));
     else other_block(job, params, x, out, length, mode);
 }
 
@@ -138,9 +147,7 @@ LB_INLINE void block_log_group(const block_log_job *job, int64_t first, const fl
         bias = bias < 0 ? 0 : (bias > max_bias ? max_bias : bias);
         usual[item] = (bits >= 0x00800000) & (bits < 0x7f800000);
         all_usual &= usual[item];
-        params[item].min_exponent = 1 - bias;
-        params[item].max_exponent = top_code - bias;
-        params[item].nearest = nearest ? (-bias >= -126 ? 1 : 2) : 0; /* min_exponent - 1 >= -126 */
+        params[item] = bias << 2 | (nearest ? nearest_path(bias) : 0);
     }
     if (!LB_LIKELY(all_usual)) LB_GROUP_REDO(block_log_stat, job, first, x, count, length, params, mode, usual);
 }
@@ -148,12 +155,12 @@ LB_INLINE void block_log_group(const block_log_job *job, int64_t first, const fl
 /* nearest_power_float across a group of blocks of LANES-multiple length, in vector code: the constants set up
  * once for the group, each block's bounds broadcast from its parameters. */
 LB_INLINE void nearest_powers(const float *restrict x, float *restrict out, int64_t count, int64_t length,
-                              const block_log_params *params) {
+                              const block_log_params *params, int top_code) {
     const lanes_i magnitude_mask = lanes_of(0x7fffffff), field_mask = lanes_of(0x7f800000);
     const lanes_i half_below = lanes_of((1 << 22) - 1), one = lanes_of(1);
     int32_t parities[LB_GROUP_BLOCKS], smallests[LB_GROUP_BLOCKS], midpoints[LB_GROUP_BLOCKS], largests[LB_GROUP_BLOCKS];
     for (int64_t item = 0; item < count; item++) { /* every block's constants first: a loop across blocks */
-        int min_exponent = params[item].min_exponent, max_exponent = params[item].max_exponent;
+        int min_exponent = 1 - block_log_bias(params[item]), max_exponent = top_code - block_log_bias(params[item]);
         parities[item] = min_exponent & 1, smallests[item] = (min_exponent + 127) << 23;
         midpoints[item] = (min_exponent - 1 + 127) << 23;
         largests[item] = ((max_exponent > 127 ? 127 : max_exponent) + 127) << 23;
@@ -179,8 +186,8 @@ LB_INLINE void block_log_apply_group(const block_log_job *job, const block_log_p
                                      const float *restrict x, float *restrict out, int64_t count, int64_t length,
                                      int mode) {
     int all_float = length % LANES == 0;
-    for (int64_t item = 0; item < count; item++) all_float &= params[item].nearest == 1;
-    if (LB_LIKELY(all_float)) nearest_powers(x, out, count, length, params);
+    for (int64_t item = 0; item < count; item++) all_float &= block_log_path(params[item]) == 1;
+    if (LB_LIKELY(all_float)) nearest_powers(x, out, count, length, params, job->top_code);
     else LB_EACH_BLOCK(block_log_apply, job, params, x, out, count, length, mode);
 }
 #define BLOCK_LOG_APPLY_GROUP(APPLY, job, params, x, out, count, length, MODE) \

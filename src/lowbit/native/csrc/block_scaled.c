@@ -22,56 +22,80 @@ static int mx_shared_exponent(float amax, const mx_job *job) {
     return shared < -127 ? -127 : (shared > 127 ? 127 : shared);
 }
 
-typedef struct { int min_exponent; float limit; } mx_params; /* one block's grid */
+/* One block's shared exponent s (its grid and limit follow from it): a plain int32 array across a group's
+ * blocks, which the loops across blocks read and write as vectors (a struct of an int and a float became
+ * shuffles there). */
+typedef int32_t mx_params;
 
 LB_INLINE mx_params mx_stat(const mx_job *job, int64_t index, const float *restrict x, int64_t length, int mode) {
     (void)index, (void)mode;
-    int shared = mx_shared_exponent(finite_abs_max_of(x, length), job);
-    int min_exponent = shared + job->element_min_exponent, m = job->mantissa_bits;
-    float element_max = job->element_max * pow2_float(shared);
-    /* _block_limit: the output dtype's max rounded down onto the block grid, capped at the element max
-     * (which is on that grid: the cap alone when it is not above the dtype's max) */
-    float limit = element_max;
-    if (!(element_max <= job->dtype_max)) {
-        int top = floor_log2_float(job->dtype_max);
-        float top_step = pow2_float((top > min_exponent ? top : min_exponent) - m);
-        limit = lb_clamp(floorf(job->dtype_max / top_step) * top_step, element_max);
-    }
-    mx_params params = {min_exponent, limit};
-    return params;
+    return mx_shared_exponent(finite_abs_max_of(x, length), job);
 }
 
-LB_INLINE void mx_apply(const mx_job *job, mx_params params, const float *restrict x, float *restrict out,
+/* _block_limit: the output dtype's max rounded down onto the block grid, capped at the element max (which is
+ * on that grid: the cap alone when it is not above the dtype's max). */
+static inline float mx_limit(const mx_job *job, int shared) {
+    int min_exponent = shared + job->element_min_exponent, m = job->mantissa_bits;
+    float element_max = job->element_max * pow2_float(shared);
+    if (element_max <= job->dtype_max) return element_max;
+    int top = floor_log2_float(job->dtype_max);
+    float top_step = pow2_float((top > min_exponent ? top : min_exponent) - m);
+    return lb_clamp(floorf(job->dtype_max / top_step) * top_step, element_max);
+}
+
+LB_INLINE void mx_apply(const mx_job *job, mx_params shared, const float *restrict x, float *restrict out,
                         int64_t length, int mode) {
-    grid_block(x, out, length, job->mantissa_bits, params.min_exponent, params.limit, mode);
+    grid_block(x, out, length, job->mantissa_bits, shared + job->element_min_exponent, mx_limit(job, shared), mode);
 }
 
 /* mx_stat for a group of blocks: the blocks' finite maxima across blocks (group_maxima), then, in one loop
- * without branches (it vectorises), every block whose max is a normal float32, whose 2^s is normal and whose
- * element max times 2^s is within the output dtype: mx_shared_exponent and mx_stat's usual case on the max's
- * bits. mx_stat for the others. */
+ * without branches (it vectorises), mx_shared_exponent on the bits of every block whose max is a normal
+ * float32; mx_stat for the others. */
 LB_INLINE void mx_group(const mx_job *job, int64_t first, const float *restrict x, int64_t count, int64_t length,
                         mx_params *params, int mode) {
     int32_t largest[LB_GROUP_BLOCKS], usual[LB_GROUP_BLOCKS], all_usual = 1;
     group_maxima(x, count, length, 0x7f7fffff, largest); /* finite elements only */
-    const int32_t emax = job->emax, rule = job->rule, element_min_exponent = job->element_min_exponent;
+    const int32_t emax = job->emax, rule = job->rule;
     const float ceiling_factor = pow2_float(emax + 1), top = pow2_float(job->mantissa_bits + 1);
-    const float element_max = job->element_max, dtype_max = job->dtype_max;
+    const float element_max = job->element_max;
     for (int64_t item = 0; item < count; item++) {
         int32_t bits = largest[item];
         float mantissa = lb_float(((uint32_t)bits & 0x007fffffu) | (126u << 23)); /* frexp: [0.5, 1) */
         int32_t ceiling = mantissa * ceiling_factor > element_max, even = rintf(mantissa * top) == top;
         int32_t shared = (bits >> 23) - 127 - emax + (rule == 1 ? ceiling : (rule == 2 ? even : 0));
         shared = shared < -127 ? -127 : (shared > 127 ? 127 : shared);
-        float limit = element_max * lb_float((uint32_t)(shared + 127) << 23); /* pow2_float(shared) */
-        usual[item] = (bits >= 0x00800000) & (shared >= -126) & (limit <= dtype_max);
+        usual[item] = bits >= 0x00800000;
         all_usual &= usual[item];
-        params[item].min_exponent = shared + element_min_exponent;
-        params[item].limit = limit;
+        params[item] = shared;
     }
     if (!LB_LIKELY(all_usual)) LB_GROUP_REDO(mx_stat, job, first, x, count, length, params, mode, usual);
 }
-#define MX_LOOP(MODE) LB_FOR_BLOCKS(job, begin, end, mx_params, mx_stat, mx_group, mx_apply, MODE)
+
+/* A group's elements: where every block's grid takes grid_block's bit path and its element max is within the
+ * output dtype, each block's smallest step field and limit first (a loop across the blocks), then the
+ * elements with no per-block test; else block after block. */
+LB_INLINE void mx_apply_group(const mx_job *job, const mx_params *params, const float *restrict x,
+                              float *restrict out, int64_t count, int64_t length, int mode) {
+    int m = job->mantissa_bits, element_min_exponent = job->element_min_exponent, all_bits = 1;
+    int32_t smallest[LB_GROUP_BLOCKS], shift = m << 23;
+    float limits[LB_GROUP_BLOCKS], element_max = job->element_max, dtype_max = job->dtype_max;
+    for (int64_t item = 0; item < count; item++) {
+        int32_t shared = params[item], min_exponent = shared + element_min_exponent;
+        limits[item] = element_max * pow2_float(shared);
+        all_bits &= grid_bit_path(m, min_exponent) & (limits[item] <= dtype_max);
+        smallest[item] = grid_smallest_field(m, min_exponent);
+    }
+    if (!LB_LIKELY(all_bits)) {
+        LB_EACH_BLOCK(mx_apply, job, params, x, out, count, length, mode);
+        return;
+    }
+    for (int64_t item = 0; item < count; item++)
+        grid_block_bits(x + item * length, out + item * length, length, shift, smallest[item], limits[item], mode);
+}
+#define MX_APPLY_GROUP(APPLY, job, params, x, out, count, length, MODE) \
+    mx_apply_group(job, params, x, out, count, length, MODE)
+
+#define MX_LOOP(MODE) LB_FOR_GROUPED_BLOCKS(job, begin, end, mx_params, mx_stat, mx_group, mx_apply, MX_APPLY_GROUP, MODE)
 
 static void mx_range(const void *context, int64_t begin, int64_t end) {
     const mx_job local = *(const mx_job *)context, *job = &local; /* a copy: no store to out can change it */
@@ -96,27 +120,22 @@ typedef struct {
     float float_top; /* top_code as a float32 (the float32 path's clamp) */
 } block_fp_job;
 
-/* One block's step 2^p and, where it is a float32, 1 / step (else 0: divide); float64 steps take p alone. */
-typedef struct { float step, inverse; int power; } block_fp_params;
+/* One block's step 2^p as its power p: a plain int32 array across a group's blocks (a struct of the step, its
+ * inverse and p became shuffles in the loop across blocks). */
+typedef int32_t block_fp_params;
 
 LB_INLINE block_fp_params block_fp_stat(const block_fp_job *job, int64_t index, const float *restrict x,
                                         int64_t length, int mode) {
     (void)index;
     int exponent = block_exponent(x, length, job->mantissa_bits, mode, job->min_exponent, job->max_exponent);
-    int power = exponent - job->mantissa_bits + 1;
-    block_fp_params params = {0.0f, 0.0f, power};
-    if (job->in_float) {
-        params.step = pow2_float(power);
-        /* x / step as x times 1 / step where that is a float32 too: the same correctly rounded quotient */
-        params.inverse = power >= -127 ? pow2_float(-power) : 0.0f;
-    }
-    return params;
+    return exponent - job->mantissa_bits + 1;
 }
 
-LB_INLINE void block_fp_apply(const block_fp_job *job, block_fp_params params, const float *restrict x,
+LB_INLINE void block_fp_apply(const block_fp_job *job, block_fp_params power, const float *restrict x,
                               float *restrict out, int64_t length, int mode) {
-    if (job->in_float) { /* _float32_blocks */
-        float step = params.step, inverse = params.inverse, top = job->float_top;
+    if (job->in_float) { /* _float32_blocks: the step 2^p is a float32 (in_float) */
+        /* x / step as x times 1 / step where that is a float32 too: the same correctly rounded quotient */
+        float step = pow2_float(power), inverse = power >= -127 ? pow2_float(-power) : 0.0f, top = job->float_top;
         if (inverse != 0.0f) {
             LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++)
                 out[k] = lb_clamp(lb_round(x[k] * inverse, mode), top) * step;
@@ -125,7 +144,7 @@ LB_INLINE void block_fp_apply(const block_fp_job *job, block_fp_params params, c
                 out[k] = lb_clamp(lb_round(x[k] / step, mode), top) * step;
         }
     } else { /* _quantize_blocks in float64, cast back */
-        double step = pow2_double(params.power), top = job->top_code;
+        double step = pow2_double(power), top = job->top_code;
         LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++)
             out[k] = (float)(clamp_double(round_double((double)x[k] / step, mode), top) * step);
     }
@@ -150,15 +169,41 @@ LB_INLINE void block_fp_group(const block_fp_job *job, int64_t first, const floa
         int32_t power = exponent - m + 1;
         usual[item] = (bits >= 0x00800000) & (bits < 0x7f800000) & (power >= -126) & (power <= 126);
         all_usual &= usual[item];
-        params[item].step = lb_float((uint32_t)(power + 127) << 23);
-        params[item].inverse = lb_float((uint32_t)(127 - power) << 23);
-        params[item].power = power;
+        params[item] = power;
     }
     if (!LB_LIKELY(all_usual)) LB_GROUP_REDO(block_fp_stat, job, first, x, count, length, params, mode, usual);
 }
 
+/* A group's elements: where every block's step and 1 / step are normal float32 (float32 path), both first (a
+ * loop across the blocks), then the elements with no per-block test; else block after block. */
+LB_INLINE void block_fp_apply_group(const block_fp_job *job, const block_fp_params *params, const float *restrict x,
+                                    float *restrict out, int64_t count, int64_t length, int mode) {
+    float steps[LB_GROUP_BLOCKS], inverses[LB_GROUP_BLOCKS], top = job->float_top;
+    int all_normal = job->in_float;
+    for (int64_t item = 0; item < count; item++) {
+        int32_t power = params[item];
+        all_normal &= (power >= -126) & (power <= 126);
+        steps[item] = lb_float((uint32_t)(power + 127) << 23);
+        inverses[item] = lb_float((uint32_t)(127 - power) << 23);
+    }
+    if (!LB_LIKELY(all_normal)) {
+        LB_EACH_BLOCK(block_fp_apply, job, params, x, out, count, length, mode);
+        return;
+    }
+    for (int64_t item = 0; item < count; item++) {
+        const float *restrict block_x = x + item * length;
+        float *restrict block_out = out + item * length;
+        float step = steps[item], inverse = inverses[item];
+        LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++)
+            block_out[k] = lb_clamp(lb_round(block_x[k] * inverse, mode), top) * step;
+    }
+}
+#define BLOCK_FP_APPLY_GROUP(APPLY, job, params, x, out, count, length, MODE) \
+    block_fp_apply_group(job, params, x, out, count, length, MODE)
+
 #define BLOCK_FP_LOOP(MODE) \
-    LB_FOR_BLOCKS(job, begin, end, block_fp_params, block_fp_stat, block_fp_group, block_fp_apply, MODE)
+    LB_FOR_GROUPED_BLOCKS(job, begin, end, block_fp_params, block_fp_stat, block_fp_group, block_fp_apply, \
+                          BLOCK_FP_APPLY_GROUP, MODE)
 
 static void block_fp_range(const void *context, int64_t begin, int64_t end) {
     const block_fp_job local = *(const block_fp_job *)context, *job = &local;
@@ -192,24 +237,29 @@ LB_INLINE void minifloat_block_double(const float *restrict x, float *restrict o
     }
 }
 
-typedef struct { int shared; float limit; } minifloat_params; /* the block's top binade, its max (float32) */
+/* One block's top binade t (its max, (2 - 2^-M) 2^t, follows from it): a plain int32 array across a group's
+ * blocks, which the loops across blocks read and write as vectors (a struct of an int and a float became
+ * shuffles there). */
+typedef int32_t minifloat_params;
+
+static inline float minifloat_limit(int mantissa_bits, int shared) { /* float32 path: 2^t normal or subnormal */
+    return (2.0f - pow2_float(-mantissa_bits)) * pow2_float(shared);
+}
 
 LB_INLINE minifloat_params block_minifloat_stat(const block_minifloat_job *job, int64_t index, const float *restrict x,
                                                 int64_t length, int mode) {
     (void)index;
     int m = job->mantissa_bits;
-    int shared = block_exponent(x, length, m + 1, mode, job->min_shared, job->max_shared);
-    minifloat_params params = {shared, 0.0f};
-    if (job->in_float) params.limit = (2.0f - pow2_float(-m)) * pow2_float(shared);
-    return params;
+    return block_exponent(x, length, m + 1, mode, job->min_shared, job->max_shared);
 }
 
-LB_INLINE void block_minifloat_apply(const block_minifloat_job *job, minifloat_params params, const float *restrict x,
+LB_INLINE void block_minifloat_apply(const block_minifloat_job *job, minifloat_params shared, const float *restrict x,
                                      float *restrict out, int64_t length, int mode) {
+    int m = job->mantissa_bits;
     if (job->in_float) /* _float32_blocks: max (2 - 2^-M) * 2^t, smallest normal binade t - (2^E - 2) */
-        grid_block(x, out, length, job->mantissa_bits, params.shared - job->binades_below_top, params.limit, mode);
+        grid_block(x, out, length, m, shared - job->binades_below_top, minifloat_limit(m, shared), mode);
     else
-        minifloat_block_double(x, out, length, params.shared, job, mode);
+        minifloat_block_double(x, out, length, shared, job, mode);
 }
 
 /* block_minifloat_stat for a group of blocks, as block_fp_group: the usual blocks (a normal |max|, a normal
@@ -224,36 +274,36 @@ LB_INLINE void block_minifloat_group(const block_minifloat_job *job, int64_t fir
     int32_t largest[LB_GROUP_BLOCKS], usual[LB_GROUP_BLOCKS], all_usual = 1;
     group_maxima(x, count, length, 0x7f800000, largest); /* inf, not NaN */
     int32_t parity_mask = m > 0, bias = (1 << (22 - m)) - parity_mask; /* significand_bits m + 1 */
-    float top_significand = 2.0f - pow2_float(-m);
     for (int64_t item = 0; item < count; item++) {
         int32_t bits = largest[item];
         int32_t shared = usual_nearest_even_exponent(bits, 23 - m, parity_mask, bias, min_shared, max_shared);
         usual[item] = (bits >= 0x00800000) & (bits < 0x7f800000) & (shared >= -126);
         all_usual &= usual[item];
-        params[item].shared = shared;
-        params[item].limit = top_significand * lb_float((uint32_t)(shared + 127) << 23); /* pow2_float(shared) */
+        params[item] = shared;
     }
     if (!LB_LIKELY(all_usual)) LB_GROUP_REDO(block_minifloat_stat, job, first, x, count, length, params, mode, usual);
 }
 
-/* A group's elements: where every block takes grid_block's bit path, each block's smallest step field first
- * (a loop across the blocks), then the elements with no per-block test; else block after block. */
+/* A group's elements: where every block takes grid_block's bit path, each block's smallest step field and max
+ * first (a loop across the blocks), then the elements with no per-block test; else block after block. */
 LB_INLINE void block_minifloat_apply_group(const block_minifloat_job *job, const minifloat_params *params,
                                            const float *restrict x, float *restrict out, int64_t count,
                                            int64_t length, int mode) {
     int m = job->mantissa_bits, below_top = job->binades_below_top, all_bits = job->in_float;
     int32_t smallest[LB_GROUP_BLOCKS], shift = m << 23;
-    for (int64_t item = 0; item < count; item++) { /* min_exponent as block_minifloat_apply gives grid_block */
-        int min_exponent = params[item].shared - below_top;
+    float limits[LB_GROUP_BLOCKS];
+    for (int64_t item = 0; item < count; item++) { /* what block_minifloat_apply gives grid_block */
+        int min_exponent = params[item] - below_top;
         all_bits &= grid_bit_path(m, min_exponent);
         smallest[item] = grid_smallest_field(m, min_exponent);
+        limits[item] = minifloat_limit(m, params[item]);
     }
     if (!LB_LIKELY(all_bits)) {
         LB_EACH_BLOCK(block_minifloat_apply, job, params, x, out, count, length, mode);
         return;
     }
     for (int64_t item = 0; item < count; item++)
-        grid_block_bits(x + item * length, out + item * length, length, shift, smallest[item], params[item].limit, mode);
+        grid_block_bits(x + item * length, out + item * length, length, shift, smallest[item], limits[item], mode);
 }
 #define BLOCK_MINIFLOAT_APPLY_GROUP(APPLY, job, params, x, out, count, length, MODE) \
     block_minifloat_apply_group(job, params, x, out, count, length, MODE)

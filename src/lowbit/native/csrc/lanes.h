@@ -117,6 +117,17 @@ LANES_FOLD(lanes_max_of, lanes_max)
 LANES_FOLD(lanes_min_of, lanes_min)
 LANES_FOLD(lanes_sum_of, lanes_add)
 
+/* Whether any lane of v is nonzero (one test instruction where the instruction set has one). */
+#if defined(__AVX512F__)
+static inline int lanes_any(lanes_i v) { return _mm512_test_epi32_mask((__m512i)v, (__m512i)v) != 0; }
+#elif defined(__AVX2__)
+static inline int lanes_any(lanes_i v) { return !_mm256_testz_si256((__m256i)v, (__m256i)v); }
+#else
+static inline lanes_i lanes_or(lanes_i a, lanes_i b) { return a | b; }
+LANES_FOLD(lanes_or_of, lanes_or)
+static inline int lanes_any(lanes_i v) { return lanes_or_of(v) != 0; }
+#endif
+
 /* The last length < LANES elements of a run, padded with NaN (a call: kept out of the loops' bodies). */
 static __attribute__((noinline, unused)) lanes_i lanes_load_tail(const float *x, int64_t length) {
     lanes_i v = lanes_of(0x7fc00000);
