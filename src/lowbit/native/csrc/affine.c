@@ -212,7 +212,7 @@ static inline __attribute__((always_inline)) void whole_blocks(const affine_job 
                                                                int64_t block, int mode) {
     const lb_affine_spec *c = job->config;
     float lows[BATCH], highs[BATCH];
-    affine_params params[BATCH];
+    affine_batch params;
     const int streamed = job->streamed && block <= LB_TILE; /* a batch's blocks go out a tile at a time */
     int64_t per_batch = streamed && block * BATCH > LB_TILE ? LB_TILE / block : BATCH;
     lb_sink sink;
@@ -222,18 +222,18 @@ static inline __attribute__((always_inline)) void whole_blocks(const affine_job 
         int64_t k = 0;
         for (; k + LANES <= count; k += LANES) blocks_min_max(job->x + (batch + k) * block, block, lows + k, highs + k);
         for (; k < count; k++) block_min_max(job->x + (batch + k) * block, block, lows + k, highs + k);
-        if (!derive_nearest_batch(c, lows, highs, count, params, mode)) derive_batch(c, lows, highs, count, params);
+        if (!derive_nearest_batch(c, lows, highs, count, &params, mode)) derive_batch_arrays(c, lows, highs, count, &params);
         float *batch_out = lb_sink_next(&sink, batch * block, count * block);
         for (int64_t k = 0; k < count; k++) {
             const float *restrict x = job->x + (batch + k) * block;
             float *restrict out = batch_out + k * block;
-            affine_params p = params[k];
-            if (p.bounded)
+            float scale = params.scale[k], inverse = params.inverse[k], zero_point = params.zero_point[k];
+            if (params.bounded[k])
                 for (int64_t i = 0; i < block; i++)
-                    out[i] = affine_value(x[i], p.scale, p.inverse, p.zero_point, c->clamp_low, c->clamp_high, mode, 1);
+                    out[i] = affine_value(x[i], scale, inverse, zero_point, c->clamp_low, c->clamp_high, mode, 1);
             else
                 for (int64_t i = 0; i < block; i++)
-                    out[i] = affine_value(x[i], p.scale, p.inverse, p.zero_point, c->clamp_low, c->clamp_high, mode, 0);
+                    out[i] = affine_value(x[i], scale, inverse, zero_point, c->clamp_low, c->clamp_high, mode, 0);
         }
     }
     lb_sink_close(&sink);

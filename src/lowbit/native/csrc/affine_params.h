@@ -105,6 +105,13 @@ typedef struct {
 
 typedef struct { float scale, inverse, zero_point; int bounded; } affine_params;
 
+/* A batch of blocks' parameters as arrays, one per field (the loops across blocks write them as vectors; an
+ * array of affine_params became a scalar store per field and block there). */
+typedef struct {
+    float scale[BATCH], inverse[BATCH], zero_point[BATCH];
+    int32_t bounded[BATCH];
+} affine_batch;
+
 static float derived_zero_point(const lb_affine_spec *c, float low, float scale, int pins) {
     if (c->kind != KIND_ASYMMETRIC) return 0.0f;
     float inverse = 1.0f / scale;
@@ -226,11 +233,10 @@ LB_INLINE void bf16_scales(const lb_affine_spec *c, const float *raws, const flo
 }
 
 LB_INLINE int derive_nearest(const lb_affine_spec *c, float *lows, float *highs, int64_t count,
-                                           affine_params *params, int mode) {
+                                           affine_batch *params, int mode) {
     const int dtype = c->scale_dtype, kind = c->kind, power = c->power_of_two;
     if (is_directed(mode) || dtype == SCALE_F16) return 0;
-    float raws[BATCH], scales[BATCH], inverses[BATCH], zero_points[BATCH];
-    int bounded[BATCH];
+    float raws[BATCH], *scales = params->scale;
     for (int64_t k = 0; k < count; k++) raws[k] = raw_scale(c, lows + k, highs + k);
     for (int64_t k = 0; k < count; k++) {
         float raw = safe_scale(raws[k]);
@@ -246,19 +252,29 @@ LB_INLINE int derive_nearest(const lb_affine_spec *c, float *lows, float *highs,
     for (int64_t k = 0; k < count; k++) {
         float scale = scales[k], inverse = 1.0f / scale;
         float zero_point = nearest_zero_point(c, kind, lows[k], inverse, mode);
-        inverses[k] = inverse, zero_points[k] = zero_point;
-        bounded[k] = values_bounded(scale, zero_point, c->clamp_low, c->clamp_high);
+        params->inverse[k] = inverse, params->zero_point[k] = zero_point;
+        params->bounded[k] = values_bounded(scale, zero_point, c->clamp_low, c->clamp_high);
     }
-    for (int64_t k = 0; k < count; k++)
-        params[k] = (affine_params){scales[k], inverses[k], zero_points[k], bounded[k]};
     return 1;
+}
+
+/* derive_batch into a batch's arrays (the directed modes and float16 scales, where derive_nearest does not
+ * apply). */
+static void derive_batch_arrays(const lb_affine_spec *c, float *lows, float *highs, int64_t count,
+                                affine_batch *batch) {
+    affine_params params[BATCH];
+    derive_batch(c, lows, highs, count, params);
+    for (int64_t k = 0; k < count; k++) {
+        batch->scale[k] = params[k].scale, batch->inverse[k] = params[k].inverse;
+        batch->zero_point[k] = params[k].zero_point, batch->bounded[k] = params[k].bounded;
+    }
 }
 
 /* derive_nearest as a function of its own, one copy per mode (inlined into a kernel's loops, its body kept
  * GCC from vectorising their element passes) */
 #define LB_DERIVE_NEAREST(MODE) return derive_nearest(c, lows, highs, count, params, MODE)
 static __attribute__((noinline)) int derive_nearest_batch(const lb_affine_spec *c, float *lows, float *highs,
-                                                          int64_t count, affine_params *params, int mode) {
+                                                          int64_t count, affine_batch *params, int mode) {
     LB_FOR_EACH_MODE(mode, LB_DERIVE_NEAREST)
     return 0;
 }
