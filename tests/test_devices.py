@@ -28,6 +28,7 @@ from lowbit.formats import resolve
 from lowbit.nn.modules import QuantConv2d, QuantLayerNorm, QuantLinear
 from lowbit.nn.roles import RoleFormats
 from lowbit.flows.gptq import _next_stage
+from lowbit.ops import AffineCodes, quantized_concat, quantized_linear
 from lowbit.ops.gptq import HessianAccumulator, gptq_quantize
 from lowbit.qtensor import encode
 
@@ -86,6 +87,25 @@ def test_stochastic_rounding_with_a_seed_runs_on_the_device(device, name):
     assert watch.cpu_ops == [] and first.device.type == device and first.shape == x.shape
     if device != "meta":  # reproducible with a seed on the device's own generator
         assert torch.equal(first, spec(x, seed=7))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_integer_ops_follow_the_device(device):
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randint(-128, 128, (3, 8), generator=generator, dtype=torch.int8)
+    b = torch.randint(-128, 128, (4, 8), generator=generator, dtype=torch.int8)
+
+    def run(a, b):
+        linear = quantized_linear(a, 0.5, 1, b, 0.25, output_scale=0.125, output_dtype=torch.int8)
+        concat = quantized_concat([AffineCodes(a, 0.5, 1), AffineCodes(b, 0.25, 0)], 0.5, 0, dim=0)
+        return linear, concat
+
+    expected = run(a, b)
+    with NoCpuTensors() as watch:
+        results = run(a.to(device), b.to(device))
+    assert watch.cpu_ops == []
+    for result, wanted in zip(results, expected):
+        _assert_same(result, wanted, device)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -217,11 +217,13 @@ def quantized_concat(inputs, output_scale, output_zero_point: int = 0, *, dim: i
     """Concatenate quantized tensors [(codes, scale, zero_point), ...] into one scale / zero point
     (nGraph's QuantizedConcat): each input is re-scaled, round(real / output_scale) + output_zero_point in
     float64, then clamped; inputs already at the output's parameters are copied exactly."""
-    output = _check_output(output_scale, output_zero_point, output_dtype, torch.device("cpu"))
-    if output is None:
-        raise FormatError("quantized_concat needs an integer output_dtype (int8 or uint8)")
     if not isinstance(inputs, (list, tuple)) or not inputs:
         raise FormatError("quantized_concat needs a non-empty list of (codes, scale, zero_point)")
+    first = inputs[0][0] if isinstance(inputs[0], tuple) and inputs[0] else None
+    device = first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
+    output = _check_output(output_scale, output_zero_point, output_dtype, device)  # on the inputs' device
+    if output is None:
+        raise FormatError("quantized_concat needs an integer output_dtype (int8 or uint8)")
     parts = []
     for index, item in enumerate(inputs):
         if not isinstance(item, tuple) or len(item) not in (2, 3):
