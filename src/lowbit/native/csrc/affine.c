@@ -172,19 +172,28 @@ static void channel_statistics(const void *context, int64_t begin, int64_t end) 
 }
 
 /* rows of `length` elements, each cut into blocks of `block` (the last one shorter); the blocks of a chunk are
- * taken BATCH at a time: statistics, then parameters (independent divisions overlap), then elements. */
+ * taken a batch at a time: statistics, then parameters (independent divisions overlap), then elements. */
+
+/* Blocks a batch takes: BATCH, fewer for long blocks, so that a batch (its statistics read x, then its
+ * elements read it again) stays within BATCH_FLOATS, which the L2 cache holds (per channel along the first
+ * axis is one block per row: 64 rows of 4096 floats are 1 MB, the whole L2 of a Zen 4 core). */
+#define BATCH_FLOATS 65536
+static inline int64_t batch_blocks(int64_t block) {
+    int64_t fit = BATCH_FLOATS / block;
+    return fit < 1 ? 1 : (fit < BATCH ? fit : BATCH);
+}
 
 static void row_range(const void *context, int64_t begin, int64_t end) {
     const affine_job *job = context;
     const lb_affine_spec *c = job->config;
     int64_t per_row = (job->length + job->block - 1) / job->block;
-    int64_t first = begin / job->length * per_row, last = end / job->length * per_row;
+    int64_t first = begin / job->length * per_row, last = end / job->length * per_row, per_batch = batch_blocks(job->block);
     float lows[BATCH], highs[BATCH];
     affine_params params[BATCH];
     lb_sink sink;
     lb_sink_open(&sink, job->out, job->streamed);
-    for (int64_t batch = first; batch < last; batch += BATCH) {
-        int64_t count = last - batch < BATCH ? last - batch : BATCH;
+    for (int64_t batch = first; batch < last; batch += per_batch) {
+        int64_t count = last - batch < per_batch ? last - batch : per_batch;
         for (int64_t k = 0; k < count; k++) {
             int64_t row = (batch + k) / per_row, start = (batch + k) % per_row * job->block;
             int64_t size = job->length - start < job->block ? job->length - start : job->block;
@@ -206,15 +215,16 @@ static void row_range(const void *context, int64_t begin, int64_t end) {
     lb_sink_close(&sink);
 }
 
-/* row_range where every block is whole and a multiple of 16 long (blocks of 16, 32, 64 along rows that they
- * divide): the blocks are contiguous, the length and the rounding mode constants of the inlined loops. */
+/* row_range where every block is whole, a multiple of 16 long and at most a tile (blocks of 16, 32, 64 along
+ * rows that they divide): the blocks are contiguous, the length and the rounding mode constants of the inlined
+ * loops. */
 static inline __attribute__((always_inline)) void whole_blocks(const affine_job *job, int64_t first, int64_t last,
                                                                int64_t block, int mode) {
     const lb_affine_spec *c = job->config;
     float lows[BATCH], highs[BATCH];
     affine_batch params;
     const int streamed = job->streamed && block <= LB_TILE; /* a batch's blocks go out a tile at a time */
-    int64_t per_batch = streamed && block * BATCH > LB_TILE ? LB_TILE / block : BATCH;
+    int64_t per_batch = streamed && block * BATCH > LB_TILE ? LB_TILE / block : batch_blocks(block);
     lb_sink sink;
     lb_sink_open(&sink, job->out, streamed);
     for (int64_t batch = first; batch < last; batch += per_batch) {
@@ -245,6 +255,10 @@ static inline __attribute__((always_inline)) void whole_blocks(const affine_job 
 
 static void whole_block_range(const void *context, int64_t begin, int64_t end) {
     const affine_job *job = context;
+    if (job->block > LB_TILE) { /* row_range writes a long block through the sink a tile at a time */
+        row_range(context, begin, end);
+        return;
+    }
     int64_t first = begin / job->block, last = end / job->block;
     switch (job->block) {
     case 16: LB_FOR_EACH_MODE(job->config->mode, WHOLE_16) break;
