@@ -154,6 +154,14 @@ def test_statistics_on_several_threads(name, params, several_threads):
     assert_native_equals_eager(spec, x)
 
 
+@pytest.mark.parametrize("name", ["ternary", "binary"])
+def test_a_group_per_column_of_many_columns_takes_one_piece_per_thread(name, several_threads):
+    """Past 2^16 (piece, group) slots the statistics take one piece of whole rows per thread (sign_stats.c)."""
+    spec = lowbit.get_format(name)(scaling_factor=True, axis=-1)
+    x = with_specials(finite((1100, 4100), 16))  # 70 pieces of 64K elements x 4100 groups before
+    assert_native_equals_eager(spec, x)
+
+
 def test_zero_dimensional_tensors_and_invalid_axes():
     x = torch.tensor(-1.75)
     for spec in (lowbit.get_format("ternary")(scaling_factor=True), lowbit.get_format("binary")(scaling_factor=True),

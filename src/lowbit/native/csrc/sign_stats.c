@@ -196,6 +196,11 @@ int lb_stats_open(stats_job *job, const float *x, int64_t outer, int64_t groups,
     }
     if (outer == 1 && groups > 1) { /* each group one run: pieces of whole groups, one slot per group */
         piece = (PIECE + inner - 1) / inner * inner, pieces = 1;
+    } else if (groups > 1 && inner == 1 && pieces * groups > (1 << 16)) {
+        /* many groups per column: one piece of whole rows per thread (pieces of PIECE elements gave 4096 columns
+         * of 4096 rows a million slots, 16 MB to clear and to reduce in every pass) */
+        int64_t rows = (outer + (threads > 1 ? threads : 1) - 1) / (threads > 1 ? threads : 1);
+        piece = rows * groups, pieces = (outer + rows - 1) / rows;
     }
     int64_t slots = pieces * groups;
     char *memory = malloc((size_t)slots * (sizeof(double) + sizeof(int64_t)));
