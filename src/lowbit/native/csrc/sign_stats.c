@@ -155,6 +155,64 @@ ALWAYS_INLINE void row_sums_of(const stats_job *job, int select, const float *x,
     }
 }
 
+/* ROW_BLOCK whole rows of a group per column (inner == 1), into the slots from s: LANES columns at a time,
+ * the block's rows summed in registers (two chains, even and odd rows, then both into the slot), so each slot
+ * is read and written once per ROW_BLOCK rows instead of once per row. A term passes through at most
+ * ROW_BLOCK / 2 + 1 additions on its way into the slot and the slot through one a block: less than
+ * row_sums_of's one a row, which sum_depth counts. Columns past the last whole vector take row_sums_of. */
+#define ROW_BLOCK 8
+typedef int32_t half_i __attribute__((vector_size(LANES * 2)));
+typedef int64_t half_q __attribute__((vector_size(LANES * 4)));
+
+/* selection_of with a threshold per lane: delta's bits clamped to [-1, FLT_MAX's bits]. */
+static inline selection lanes_selection(lanes_i delta) {
+    lanes_i clamped = lanes_min(lanes_max(delta, lanes_of(-1)), lanes_of(0x7f7fffff));
+    lanes_u offset = (lanes_u)lanes_of((int32_t)0x80000000u) - (lanes_u)clamped - 1u;
+    lanes_u limit = (lanes_u)lanes_of((int32_t)0x80000000u) + ((lanes_u)lanes_of(0x7f800000) - (lanes_u)clamped - 1u);
+    return (selection){delta, (lanes_i)offset, (lanes_i)limit};
+}
+
+/* count[0, LANES) += the lanes of v, widened to int64. */
+static inline void add_counts(int64_t *count, lanes_i v) {
+    half_i low, high;
+    half_q total;
+    memcpy(&low, &v, sizeof low), memcpy(&high, (const char *)&v + sizeof low, sizeof high);
+    memcpy(&total, count, sizeof total), total += __builtin_convertvector(low, half_q), memcpy(count, &total, sizeof total);
+    memcpy(&total, count + LANES / 2, sizeof total), total += __builtin_convertvector(high, half_q);
+    memcpy(count + LANES / 2, &total, sizeof total);
+}
+
+ALWAYS_INLINE void row_block_sums_of(const stats_job *job, int select, const float *x, int64_t s) {
+    const int64_t groups = job->groups;
+    double *sum = job->sum + s;
+    int64_t *count = job->count + s, k = 0;
+    for (; k + LANES <= groups; k += LANES) {
+        selection chosen = lanes_selection(select == SELECT_ABOVE ? lanes_load(job->delta + k) : lanes_of(0));
+        half_d chain[2][2] = {{0}}, slot_low, slot_high;
+        lanes_i counted = lanes_of(0);
+        for (int r = 0; r < ROW_BLOCK; r++) {
+            lanes_i raw = lanes_load(x + r * groups + k), lanes;
+            lanes_i kept = lanes_kept(&raw, select, &chosen, &lanes);
+            chain[r & 1][0] += lanes_low((lanes_f)kept), chain[r & 1][1] += lanes_high((lanes_f)kept);
+            counted -= lanes; /* compares give -1 */
+        }
+        memcpy(&slot_low, sum + k, sizeof slot_low), memcpy(&slot_high, sum + k + LANES / 2, sizeof slot_high);
+        slot_low += chain[0][0] + chain[1][0], slot_high += chain[0][1] + chain[1][1];
+        memcpy(sum + k, &slot_low, sizeof slot_low), memcpy(sum + k + LANES / 2, &slot_high, sizeof slot_high);
+        add_counts(count + k, select == SELECT_NOT_NAN ? lanes_of(ROW_BLOCK) - counted : counted); /* NaN lanes */
+    }
+    for (int r = 0; r < ROW_BLOCK && k < groups; r++)
+        row_sums_of(job, select, x + r * groups + k, groups - k, k, s + k);
+}
+
+static void stats_row_block(const stats_job *job, const float *x, int64_t s) {
+    switch (job->select) {
+    case SELECT_NOT_NAN: row_block_sums_of(job, SELECT_NOT_NAN, x, s); break;
+    case SELECT_POSITIVE: row_block_sums_of(job, SELECT_POSITIVE, x, s); break;
+    default: row_block_sums_of(job, SELECT_ABOVE, x, s); break;
+    }
+}
+
 /* One group's run into the slot s, or with `row` one element of each group from `group` on (each selection
  * a constant in its copy of the loops). */
 static void stats_run(const stats_job *job, const float *x, int64_t length, int64_t group, int64_t s, int row) {
@@ -174,8 +232,10 @@ void lb_stats_range(const void *context, int64_t begin, int64_t end) {
     const stats_job *job = context;
     for (int64_t start = begin; start < end; start += job->piece) {
         int64_t stop = start + job->piece < end ? start + job->piece : end;
-        int64_t slot = job->pieces == 1 ? 0 : (start / job->piece) * job->groups;
-        for (int64_t i = start; i < stop;) {
+        int64_t slot = job->pieces == 1 ? 0 : (start / job->piece) * job->groups, i = start;
+        if (job->groups > 1 && job->inner == 1 && start % job->groups == 0) /* whole rows, ROW_BLOCK at a time */
+            for (; i + ROW_BLOCK * job->groups <= stop; i += ROW_BLOCK * job->groups) stats_row_block(job, job->x + i, slot);
+        while (i < stop) {
             int64_t group = (i / job->inner) % job->groups, run_end = stop;
             int row = job->groups > 1 && job->inner == 1;
             if (job->groups > 1) run_end = row ? i - group + job->groups : (i / job->inner + 1) * job->inner;
@@ -196,10 +256,12 @@ int lb_stats_open(stats_job *job, const float *x, int64_t outer, int64_t groups,
     }
     if (outer == 1 && groups > 1) { /* each group one run: pieces of whole groups, one slot per group */
         piece = (PIECE + inner - 1) / inner * inner, pieces = 1;
-    } else if (groups > 1 && inner == 1 && pieces * groups > (1 << 16)) {
-        /* many groups per column: one piece of whole rows per thread (pieces of PIECE elements gave 4096 columns
-         * of 4096 rows a million slots, 16 MB to clear and to reduce in every pass) */
-        int64_t rows = (outer + (threads > 1 ? threads : 1) - 1) / (threads > 1 ? threads : 1);
+    } else if (groups > 1 && inner == 1) {
+        /* a group per column: pieces of whole rows (row_block_sums_of takes ROW_BLOCK of them at a time), as many
+         * as above; past 2^16 slots one piece per thread (pieces of PIECE elements gave 4096 columns of 4096
+         * rows a million slots, 16 MB to clear and to reduce in every pass) */
+        int64_t parts = pieces * groups > (1 << 16) ? (threads > 1 ? threads : 1) : pieces;
+        int64_t rows = (outer + parts - 1) / parts;
         piece = rows * groups, pieces = (outer + rows - 1) / rows;
     }
     int64_t slots = pieces * groups;
