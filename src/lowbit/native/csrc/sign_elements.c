@@ -43,9 +43,23 @@ ALWAYS_INLINE void element_run(const float *x, float *out, int64_t length, int k
     }
 }
 
+/* Consecutive groups along a row (inner == 1): element k of the run takes group k's threshold and value, a
+ * vector of groups at a time (the scalar loop vectorised with AVX-512 masks only), the rest one by one. */
+ALWAYS_INLINE void element_row(const float *x, float *out, int64_t length, int kind, const float *delta,
+                               const float *value) {
+    int64_t k = 0;
+    for (; k + LANES <= length; k += LANES) {
+        lanes_f values = (lanes_f)lanes_load(value + k);
+        lanes_f between = kind == ELEMENT_UNIPOLAR ? 0.0f * values : (lanes_f)lanes_of(0);
+        lanes_f result = element_lanes((lanes_f)lanes_load(x + k), kind, (lanes_f)lanes_load(delta + k),
+                                       (lanes_i)values, (lanes_i)(-1.0f * values), (lanes_i)between);
+        memcpy(out + k, &result, sizeof result);
+    }
+    for (; k < length; k++) out[k] = element_value(x[k], kind, delta[k], value[k]);
+}
+
 #define ELEMENT_RUN(KIND) element_run(x, out, length, KIND, job->delta[g], job->value[g])
-#define ELEMENT_ROW(KIND) \
-    for (int64_t k = 0; k < length; k++) out[k] = element_value(x[k], KIND, job->delta[g + k], job->value[g + k])
+#define ELEMENT_ROW(KIND) element_row(x, out, length, KIND, job->delta + g, job->value + g)
 
 /* Runs of one group (or of consecutive groups along a row, inner == 1), each at most a tile when streamed. */
 void lb_sign_element_range(const void *context, int64_t begin, int64_t end) {
