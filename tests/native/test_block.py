@@ -50,6 +50,24 @@ def test_ocp_variants(name, params):
     check(name, **params)
 
 
+NEAREST = ["nearest_even", "nearest_away", "nearest_toward_zero", "nearest_up", "nearest_down"]
+
+
+@pytest.mark.parametrize("name", ["e5m2", "e4m3", "e2m1"])
+@pytest.mark.parametrize("saturate", [True, False])
+def test_ocp_per_channel_on_the_last_dimension_runs_per_column(name, saturate):
+    """A scale per column (lb_ocp_columns_f32) under the nearest modes; the directed ones decline."""
+    check(name, modes=NEAREST, axis=-1, saturate=saturate)
+    x = samples()[0]
+    for mode in ("up", "toward_zero"):
+        spec = lowbit.get_format(name)(axis=-1, saturate=saturate, rounding=mode)
+        assert spec._native(x, torch.float32) is None
+    huge = torch.full((4, 3), torch.finfo(torch.float32).max)  # scales at the top of the float32 range
+    huge[1, 1], huge[2, 0], huge[3, 2] = -float("inf"), 1.0, -3.0e38
+    spec = lowbit.get_format(name)(axis=-1, saturate=saturate)
+    assert_bits_equal(spec._native(huge, torch.float32), spec._quantize_for(huge, None, torch.float32))
+
+
 def test_ocp_given_scale_per_first_dimension():
     spec = lowbit.get_format("e4m3")(scale=tuple(0.1 * (k + 1) for k in range(6)), axis=0)
     x = samples()[0]
@@ -61,7 +79,8 @@ def test_ocp_parameters_without_a_kernel_return_none():
     assert lowbit.get_format("e4m3")(block_size=[2, 16])._native(x, torch.float32) is None  # ND blocks
     assert lowbit.get_format("e4m3")(block_size=[1, 16], scale_dtype="bf16")._native(x, torch.float32) is None
     assert lowbit.get_format("e4m3")(scale=(0.5,) * 75, axis=1)._native(x, torch.float32) is None
-    assert lowbit.get_format("e4m3")(axis=1)._native(x, torch.float32) is None  # columns: strided blocks
+    assert lowbit.get_format("e4m3")(axis=1, rounding="up")._native(x, torch.float32) is None  # columns: nearest only
+    assert lowbit.get_format("e4m3")(axis=1)._native(x.reshape(6, 3, 25), torch.float32) is None  # a middle axis
 
 
 @pytest.mark.parametrize("name", ["mxint8", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1"])

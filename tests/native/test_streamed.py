@@ -60,6 +60,7 @@ BLOCK_SPECS = [
     ("affine", {"bits": 8, "axis": 1}),  # a channel per column: per-element parameters
     ("affine", {"bits": 8, "axis": 0}),  # a channel per row
     ("mxfp4_e2m1", {}),
+    ("e4m3", {"axis": -1}),  # a scale per column
     ("ternary", {"width": 2, "scaling_factor": True, "axis": 0}),  # a group per row
     ("ternary", {"width": 2, "scaling_factor": True, "axis": 1}),  # consecutive groups along the row
 ]

@@ -217,7 +217,8 @@ class _OcpFloat(FormatSpec):
 
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
         """Unscaled casts, given scales (per tensor, or per index of the first dimension) and f32 block scales
-        over contiguous runs (per-row blocks, per-channel on the first dimension) run natively."""
+        over contiguous runs (per-row blocks, per-channel on the first dimension) or per column (per channel
+        on the last dimension, nearest modes) run natively."""
         element = self.element
         grid = (element.mantissa_bits, 1 - element.exponent_bias, element.max_value, element.overflow,
                 self.saturate, self.rounding)  # fmt: skip
@@ -230,7 +231,13 @@ class _OcpFloat(FormatSpec):
         if self.scale_dtype != "f32":
             return None
         runs = runs_of(x.shape, self.block_size, self.axis, self.skip_first_dim)
-        return None if runs is None else native_block.ocp_scaled(x, runs, None, 1, *grid)
+        if runs is not None:
+            return native_block.ocp_scaled(x, runs, None, 1, *grid)
+        if self.block_size is None and self.axis is not None and x.dim() >= 2 and self.axis % x.dim() == x.dim() - 1:
+            per_column = (*[n for n in x.shape[:-1]], 1)  # a channel per index of the last dimension: a column
+            if tuple(block_shape(x.shape, None, self.axis, self.skip_first_dim)) == per_column:
+                return native_block.ocp_columns(x, *grid)
+        return None
 
     def _native_given(self, x: torch.Tensor, grid: tuple) -> torch.Tensor | None:
         scales = self.stored_scale

@@ -48,6 +48,21 @@ def ocp_scaled(x: torch.Tensor, runs: tuple[int, int, int], scales: torch.Tensor
     return out
 
 
+def ocp_columns(x: torch.Tensor, mantissa_bits: int, min_exponent: int, max_value: float, overflow: str,
+                saturate: bool, rounding: str) -> torch.Tensor | None:  # fmt: skip
+    """s * element(x / s) with one derived f32 scale per index of the last dimension (x contiguous, 2-D or more);
+    None where the kernel declines (directed and stochastic modes) or no library is loaded."""
+    entry = function("lb_ocp_columns_f32", [POINTER, POINTER, I64, I64, INT, INT, FLOAT, INT, INT, INT, INT], INT)
+    mode = ROUNDING_CODES.get(rounding)
+    if entry is None or mode is None:
+        return None
+    out = torch.empty_like(x)
+    columns = x.shape[-1]
+    done = entry(x.data_ptr(), out.data_ptr(), x.numel() // columns, columns, mantissa_bits, min_exponent, max_value,
+                 OVERFLOW_KINDS[overflow], int(saturate), mode, threads())  # fmt: skip
+    return out if done else None
+
+
 def mx(x: torch.Tensor, runs: tuple[int, int, int], mantissa_bits: int, element_min_exponent: int, emax: int,
        element_max: float, scale_rule: str, dtype_max: float, rounding: str) -> torch.Tensor | None:  # fmt: skip
     """MX blocks: E8M0 exponent by ``scale_rule``, elements saturating at the block limit under dtype_max."""

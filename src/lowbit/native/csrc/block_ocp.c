@@ -180,3 +180,96 @@ void lb_ocp_scaled_f32(const float *x, float *out, int64_t rows, int64_t row_len
     run_blocks(&job.geometry, rows, threads, scaled_range, &job);
 }
 
+
+/* ---- scaled OCP elements per channel along the last dimension: a column of [rows, columns] per scale ---- */
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t rows, columns, part_rows;
+    int32_t *parts; /* [parts][columns]: each part's largest finite magnitude bits per column */
+    float *scales;
+    ocp_element element;
+    int mode, streamed, clamp_inf;
+} column_job;
+
+static void column_maxima(const void *context, int64_t begin, int64_t end) { /* begin, end: elements, whole parts */
+    const column_job *job = context;
+    int64_t columns = job->columns;
+    for (int64_t first = begin / columns; first < end / columns; first += job->part_rows) {
+        int64_t stop = first + job->part_rows < end / columns ? first + job->part_rows : end / columns;
+        int32_t *restrict largest = job->parts + (first / job->part_rows) * columns;
+        for (int64_t k = 0; k < columns; k++) largest[k] = 0;
+        for (int64_t row = first; row < stop; row++) {
+            const float *restrict x = job->x + row * columns;
+            for (int64_t k = 0; k < columns; k++) { /* finite magnitudes only (NaN and inf count as 0) */
+                int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
+                magnitude = magnitude <= 0x7f7fffff ? magnitude : 0;
+                largest[k] = magnitude > largest[k] ? magnitude : largest[k];
+            }
+        }
+    }
+}
+
+#define COLUMN_LOOP(MODE) \
+    do { \
+        const ocp_element element = job->element; \
+        if (element.saturating && !job->clamp_inf) \
+            for (int64_t k = 0; k < n; k++) out[k] = round_saturating(x[k] / scale[k], element, MODE) * scale[k]; \
+        else if (element.saturating) \
+            for (int64_t k = 0; k < n; k++) { \
+                float result = round_saturating(x[k] / scale[k], element, MODE) * scale[k]; \
+                out[k] = isfinite(x[k]) ? lb_clamp(result, LB_FLOAT32_MAX) : result; \
+            } \
+        else /* an inf from a finite x becomes +-max, as scaled_elements does for derived scales */ \
+            for (int64_t k = 0; k < n; k++) { \
+                float result = round_overflowing(x[k] / scale[k], element, MODE) * scale[k]; \
+                out[k] = isfinite(x[k]) ? lb_clamp(result, LB_FLOAT32_MAX) : result; \
+            } \
+    } while (0)
+
+/* Elements x[0, n) from column `column` on (within one row) with their columns' scales. */
+static void column_span(const column_job *job, const float *restrict x, float *restrict out, int64_t n, int64_t column) {
+    const float *restrict scale = job->scales + column;
+    LB_FOR_EACH_MODE(job->mode, COLUMN_LOOP);
+}
+
+static void column_elements(const void *context, int64_t begin, int64_t end) { /* begin, end: whole rows */
+    const column_job *job = context;
+    lb_sink sink;
+    lb_sink_open(&sink, job->out, job->streamed);
+    for (int64_t at = begin, n; at < end; at += n) {
+        int64_t column = at % job->columns;
+        n = lb_sink_span(&sink, job->columns - column);
+        column_span(job, job->x + at, lb_sink_next(&sink, at, n), n, column);
+    }
+    lb_sink_close(&sink);
+}
+
+/* Scaled OCP elements with one derived f32 scale per column of x viewed as [rows, columns] (per channel along
+ * the last dimension): the columns' finite maxima over every row, ocp_float.covering_scale, then the elements.
+ * Nearest modes only (the directed ones adjust against the grid and, some, the scale): 0 declines, as where
+ * memory is short; the caller then runs the eager path. */
+int lb_ocp_columns_f32(const float *x, float *out, int64_t rows, int64_t columns, int mantissa_bits,
+                       int min_exponent, float max_value, int overflow_kind, int saturate, int mode, int threads) {
+    if (mode != LB_NEAREST_EVEN && mode != LB_NEAREST_AWAY && mode != LB_NEAREST_TOWARD_ZERO && mode != LB_NEAREST_UP &&
+        mode != LB_NEAREST_DOWN)
+        return 0;
+    int64_t part_rows = (rows + 63) / 64, parts = (rows + part_rows - 1) / part_rows;
+    column_job job = {x, out, rows, columns, part_rows, NULL, NULL,
+                      make_element(mantissa_bits, min_exponent, max_value, overflow_kind, saturate, mode), mode,
+                      lb_streams(rows * columns, threads), 0};
+    char *memory = malloc((size_t)columns * (sizeof(int32_t) * (size_t)parts + sizeof(float)));
+    if (!memory) return 0;
+    job.parts = (int32_t *)memory, job.scales = (float *)(job.parts + parts * columns);
+    lb_parallel(rows * columns, part_rows * columns, threads, column_maxima, &job);
+    for (int64_t k = 0; k < columns; k++) {
+        int32_t largest = 0;
+        for (int64_t p = 0; p < parts; p++) largest = job.parts[p * columns + k] > largest ? job.parts[p * columns + k] : largest;
+        job.scales[k] = covering_scale(lb_float((uint32_t)largest), max_value);
+        /* as scaled_apply: saturated elements times a scale whose product with the max is finite stay finite */
+        job.clamp_inf |= !(job.scales[k] * max_value <= LB_FLOAT32_MAX);
+    }
+    lb_parallel(rows * columns, columns, threads, column_elements, &job);
+    free(memory);
+    return 1;
+}
