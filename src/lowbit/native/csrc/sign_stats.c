@@ -188,8 +188,9 @@ ALWAYS_INLINE void row_block_sums_of(const stats_job *job, int select, const flo
     int64_t *count = job->count + s, k = 0;
     for (; k + LANES <= groups; k += LANES) {
         selection chosen = lanes_selection(select == SELECT_ABOVE ? lanes_load(job->delta + k) : lanes_of(0));
-        half_d chain[2][2] = {{0}}, slot_low, slot_high;
+        half_d chain[2][2], slot_low, slot_high;
         lanes_i counted = lanes_of(0);
+        memset(chain, 0, sizeof chain);
         for (int r = 0; r < ROW_BLOCK; r++) {
             lanes_i raw = lanes_load(x + r * groups + k), lanes;
             lanes_i kept = lanes_kept(&raw, select, &chosen, &lanes);
