@@ -12,27 +12,29 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from lowbit.calibrate.specs import calibrated_spec
+from format_cases import CASE_IDS, CASES
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import lowbit
 from lowbit.calibrate import stats
-from lowbit.calibrate.magnitude import MagnitudeObserver
 from lowbit.calibrate.histogram_observers import HistogramObserver, MSEObserver
-from lowbit.calibrate.observers import MinMaxObserver, MovingAverageMinMaxObserver, PercentileObserver
+from lowbit.calibrate.magnitude import MagnitudeObserver
+from lowbit.calibrate.observers import (
+    MinMaxObserver,
+    MovingAverageMinMaxObserver,
+    PercentileObserver,
+)
+from lowbit.calibrate.specs import calibrated_spec
 from lowbit.errors import FormatError
+from lowbit.flows.gptq import _next_stage
 from lowbit.formats import resolve
 from lowbit.nn.modules import QuantConv2d, QuantLayerNorm, QuantLinear
 from lowbit.nn.roles import RoleFormats
-from lowbit.flows.gptq import _next_stage
 from lowbit.ops import AffineCodes, quantized_concat, quantized_linear
 from lowbit.ops.gptq import HessianAccumulator, gptq_quantize
 from lowbit.qtensor import encode
-
-from format_cases import CASE_IDS, CASES
 
 DEVICES = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
 
