@@ -328,6 +328,23 @@ LB_INLINE void grid_block_bits(const float *restrict x, float *restrict out, int
     LB_BLOCK_LOOP for (int64_t k = 0; k < length; k++) out[k] = lb_clamp(grid_round_fast(x[k], shift, smallest, mode), limit);
 }
 
+/* grid_block over a group of blocks back to back (block `item`: min_exponents[item], limits[item]) where every
+ * block takes the bit path and `usual` is set: the smallest step fields first (a loop across the blocks), then
+ * the elements with no per-block test. Returns 0, writing nothing, otherwise: the caller goes block by block.
+ * Shared by the grouped applies of MX and block_minifloat. */
+LB_INLINE int grid_group_bits(const float *restrict x, float *restrict out, int64_t count, int64_t length,
+                              int mantissa_bits, const int32_t *min_exponents, const float *limits, int usual, int mode) {
+    int32_t smallest[LB_GROUP_BLOCKS], shift = mantissa_bits << 23;
+    for (int64_t item = 0; item < count; item++) {
+        usual &= grid_bit_path(mantissa_bits, min_exponents[item]);
+        smallest[item] = grid_smallest_field(mantissa_bits, min_exponents[item]);
+    }
+    if (!LB_LIKELY(usual)) return 0;
+    for (int64_t item = 0; item < count; item++)
+        grid_block_bits(x + item * length, out + item * length, length, shift, smallest[item], limits[item], mode);
+    return 1;
+}
+
 /* round(v / step) * step clamped to +-limit, step = 2^(max(floor_log2 |v|, min_exponent) - M). */
 LB_INLINE void grid_block(const float *restrict x, float *restrict out, int64_t length, int mantissa_bits,
                               int min_exponent, float limit, int mode) {

@@ -71,26 +71,19 @@ LB_INLINE void mx_group(const mx_job *job, int64_t first, const float *restrict 
     if (!LB_LIKELY(all_usual)) LB_GROUP_REDO(mx_stat, job, first, x, count, length, params, mode, usual);
 }
 
-/* A group's elements: where every block's grid takes grid_block's bit path and its element max is within the
- * output dtype, each block's smallest step field and limit first (a loop across the blocks), then the
- * elements with no per-block test; else block after block. */
+/* A group's elements: each block's grid and limit first (a loop across the blocks), then grid_group_bits where
+ * every element max is within the output dtype; else block after block. */
 LB_INLINE void mx_apply_group(const mx_job *job, const mx_params *params, const float *restrict x,
                               float *restrict out, int64_t count, int64_t length, int mode) {
-    int m = job->mantissa_bits, element_min_exponent = job->element_min_exponent, all_bits = 1;
-    int32_t smallest[LB_GROUP_BLOCKS], shift = m << 23;
+    int32_t min_exponents[LB_GROUP_BLOCKS], element_min_exponent = job->element_min_exponent, usual = 1;
     float limits[LB_GROUP_BLOCKS], element_max = job->element_max, dtype_max = job->dtype_max;
     for (int64_t item = 0; item < count; item++) {
-        int32_t shared = params[item], min_exponent = shared + element_min_exponent;
-        limits[item] = element_max * pow2_float(shared);
-        all_bits &= grid_bit_path(m, min_exponent) & (limits[item] <= dtype_max);
-        smallest[item] = grid_smallest_field(m, min_exponent);
+        min_exponents[item] = params[item] + element_min_exponent;
+        limits[item] = element_max * pow2_float(params[item]);
+        usual &= limits[item] <= dtype_max;
     }
-    if (!LB_LIKELY(all_bits)) {
+    if (!grid_group_bits(x, out, count, length, job->mantissa_bits, min_exponents, limits, usual, mode))
         LB_EACH_BLOCK(mx_apply, job, params, x, out, count, length, mode);
-        return;
-    }
-    for (int64_t item = 0; item < count; item++)
-        grid_block_bits(x + item * length, out + item * length, length, shift, smallest[item], limits[item], mode);
 }
 #define MX_APPLY_GROUP(APPLY, job, params, x, out, count, length, MODE) \
     mx_apply_group(job, params, x, out, count, length, MODE)
@@ -284,26 +277,19 @@ LB_INLINE void block_minifloat_group(const block_minifloat_job *job, int64_t fir
     if (!LB_LIKELY(all_usual)) LB_GROUP_REDO(block_minifloat_stat, job, first, x, count, length, params, mode, usual);
 }
 
-/* A group's elements: where every block takes grid_block's bit path, each block's smallest step field and max
- * first (a loop across the blocks), then the elements with no per-block test; else block after block. */
+/* A group's elements: each block's grid and max first (what block_minifloat_apply gives grid_block, a loop
+ * across the blocks), then grid_group_bits on the float32 path; else block after block. */
 LB_INLINE void block_minifloat_apply_group(const block_minifloat_job *job, const minifloat_params *params,
                                            const float *restrict x, float *restrict out, int64_t count,
                                            int64_t length, int mode) {
-    int m = job->mantissa_bits, below_top = job->binades_below_top, all_bits = job->in_float;
-    int32_t smallest[LB_GROUP_BLOCKS], shift = m << 23;
+    int32_t min_exponents[LB_GROUP_BLOCKS], m = job->mantissa_bits, below_top = job->binades_below_top;
     float limits[LB_GROUP_BLOCKS];
-    for (int64_t item = 0; item < count; item++) { /* what block_minifloat_apply gives grid_block */
-        int min_exponent = params[item] - below_top;
-        all_bits &= grid_bit_path(m, min_exponent);
-        smallest[item] = grid_smallest_field(m, min_exponent);
+    for (int64_t item = 0; item < count; item++) {
+        min_exponents[item] = params[item] - below_top;
         limits[item] = minifloat_limit(m, params[item]);
     }
-    if (!LB_LIKELY(all_bits)) {
+    if (!grid_group_bits(x, out, count, length, m, min_exponents, limits, job->in_float, mode))
         LB_EACH_BLOCK(block_minifloat_apply, job, params, x, out, count, length, mode);
-        return;
-    }
-    for (int64_t item = 0; item < count; item++)
-        grid_block_bits(x + item * length, out + item * length, length, shift, smallest[item], limits[item], mode);
 }
 #define BLOCK_MINIFLOAT_APPLY_GROUP(APPLY, job, params, x, out, count, length, MODE) \
     block_minifloat_apply_group(job, params, x, out, count, length, MODE)
