@@ -63,6 +63,27 @@ def stream_from(size_bytes: int):
     return _override("lb_set_stream_from", size_bytes)
 
 
+def window_from(elements: int):
+    """Take TWN's two means per tensor from one pass (csrc/sign_window.c) from ``elements`` elements on, on
+    any build (tests run the window on small tensors), the library's own rule again on exit. Needs the
+    library loaded."""
+    return _override("lb_set_window_from", elements)
+
+
+def window_served() -> int:
+    """How many TWN scales the loaded library's window has given since it was loaded (0: no library)."""
+    entry = function("lb_window_served_count", [], I64)
+    return 0 if entry is None else int(entry())
+
+
+def window_wanted(elements: int) -> bool:
+    """Whether TWN per tensor over ``elements`` elements tries the window on the loaded library's rule."""
+    entry = function("lb_window_wanted", [I64], INT)
+    if entry is None:
+        raise RuntimeError("the native library is not loaded")
+    return bool(entry(elements))
+
+
 def stream_threshold() -> int | None:
     """The output size in bytes from which the loaded library streams its outputs on two threads or more
     (None: no library)."""

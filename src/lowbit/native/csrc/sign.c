@@ -16,6 +16,7 @@ typedef struct {
     stats_job stats;
     element_job elements;
     int steps[3], selects[3], count;
+    int windowed; /* TWN per tensor: its two means may come from one pass over x (sign_window.c) */
     float *delta, *value, *mean;
 } sign_plan;
 
@@ -25,7 +26,10 @@ static void plan_start(sign_plan *plan, int phase) {
 
 static void plan_phase(void *context, int64_t begin, int64_t end, int phase) {
     sign_plan *plan = context;
+    const stats_window *window = &plan->stats.window;
     if (plan->steps[phase] == STEP_ELEMENTS) lb_sign_element_range(&plan->elements, begin, end);
+    else if (window->high && phase == 0) lb_window_range(&plan->stats, begin, end); /* TWN's delta, with the window */
+    else if (window->served) lb_window_resolve(&plan->stats, begin, end);            /* its scale from the window */
     else lb_stats_range(&plan->stats, begin, end);
 }
 
@@ -36,6 +40,7 @@ static int plan_between(void *context, int phase) {
     if (plan->steps[phase] == STEP_TWN_DELTA) {
         if (!lb_stats_means(&plan->stats, plan->mean, 1)) return 0;
         for (int64_t g = 0; g < groups; g++) plan->delta[g] = 0.75f * plan->mean[g];
+        if (plan->stats.window.high) lb_window_serve(&plan->stats, plan->delta);
     } else if (!lb_stats_means(&plan->stats, plan->value, plan->elements.kind != ELEMENT_TERNARY)) {
         return 0; /* STEP_MEAN: the scale; a zero one over a nonempty selection goes eager (ternary) */
     }
@@ -56,11 +61,13 @@ static int plan_run(sign_plan *plan, int64_t outer, int64_t groups, int64_t inne
     if (plan->count > 1) {
         ok = lb_stats_open(&plan->stats, plan->elements.x, outer, groups, inner, threads);
         grain = plan->stats.piece;
+        if (ok && plan->windowed && lb_window_wanted(n)) lb_window_open(&plan->stats);
     }
     if (ok) {
         plan_start(plan, 0);
         ok = lb_parallel_phases(n, grain, threads, plan->count, plan_phase, plan_between, plan);
     }
+    lb_window_close(&plan->stats);
     free(plan->stats.memory), free(plan->delta);
     return ok;
 }
@@ -88,6 +95,7 @@ int lb_ternary_f32(const float *x, float *out, int64_t outer, int64_t groups, in
     }
     if (!fixed) plan_add(&plan, STEP_TWN_DELTA, SELECT_NOT_NAN);
     if (scaled && !alpha) plan_add(&plan, STEP_MEAN, SELECT_ABOVE);
+    plan.windowed = !fixed && scaled && !alpha && groups == 1;
     return plan_run(&plan, outer, groups, inner, threads);
 }
 
