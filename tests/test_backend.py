@@ -321,3 +321,21 @@ time.sleep(0.2)  # the worker is inside the first build when the interpreter exi
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert marker.read_text() == "built\n"  # the running build finished; the two queued ones were dropped
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("special", ["none", "nan", "inf", "-inf", "past the range", "empty"])
+def test_saturating_cast_matches_its_rule_on_every_kind_of_tensor(dtype, special):
+    """The plain cast after a min / max pass (no NaN, inf or value past the range), the full rule otherwise."""
+    x = torch.randn(300, generator=torch.Generator().manual_seed(1)) * 100
+    past = min(torch.finfo(dtype).max * 1.5, torch.finfo(torch.float32).max)  # float32, past the narrow range
+    replaced = {"nan": float("nan"), "inf": float("inf"), "-inf": -float("inf"), "past the range": -past}
+    if special == "empty":
+        x = x[:0]
+    elif special != "none":
+        x[17] = replaced[special]
+    limit = torch.finfo(dtype).max
+    want = torch.where(torch.isfinite(x), x.clamp(-limit, limit), x).to(dtype)
+    got = backend.saturating_cast(x, dtype)
+    assert got.dtype == dtype and torch.equal(torch.isnan(got), torch.isnan(want))
+    assert torch.equal(got[~torch.isnan(got)], want[~torch.isnan(want)])

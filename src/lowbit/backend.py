@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lowbit import native
+from lowbit.native import kernels as native_kernels
 from lowbit.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ def run_without_native(spec: FormatSpec, x: torch.Tensor, generator: torch.Gener
         return spec._quantize_in_dtype(x, generator)  # eager until the background kernel is ready
     try:
         if upcast:
-            return _narrowed(kernel(*key)(_dynamic(x.float())), x.dtype)
+            return saturating_cast(kernel(*key)(_dynamic(x.float())), x.dtype)
         return kernel(*key)(_dynamic(x))
     except Exception as error:  # a missing compiler or an Inductor failure: fall back once, loudly
         _give_up(error)
@@ -151,7 +152,10 @@ def _native_result(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor | None:
     if dtype is torch.float32:
         return spec._native(x, dtype)
     result = spec._native(x.float(), dtype)
-    return None if result is None else saturating_cast(result, dtype)
+    if result is None:
+        return None
+    narrow = native_kernels.narrow(result, dtype)
+    return saturating_cast(result, dtype) if narrow is None else narrow
 
 
 def native_ready() -> bool:
@@ -328,17 +332,18 @@ def _give_up(error: Exception) -> None:
 
 
 def saturating_cast(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Cast to a narrower float dtype; finite values beyond its range saturate instead of becoming inf."""
+    """Cast to a narrower float dtype; finite values beyond its range saturate instead of becoming inf.
+
+    On the CPU a tensor whose values all lie within the range (no NaN, no inf: the usual case) takes a plain
+    cast after one min / max pass; torch's isfinite and where over a float32 tensor cost 25 times the cast
+    (2112 x 384: about 1 ms each against 40 us, torch 2.13, Zen 4). Traced into a compiled kernel it stays
+    the rule as written (fused there, and a data-dependent branch would break the graph)."""
     limit = torch.finfo(dtype).max
+    if values.is_cpu and values.numel() > 0 and not torch.compiler.is_compiling():
+        low, high = torch.aminmax(values)  # NaN anywhere makes both NaN: the full path below
+        if -limit <= float(low) and float(high) <= limit:
+            return values.to(dtype)
     return torch.where(torch.isfinite(values), values.clamp(-limit, limit), values).to(dtype)
-
-
-def _narrowed(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``saturating_cast`` for block formats' float32 kernel output. Inductor's dynamic-shape reduction
-    kernels store half types slowly (block_fp bf16 4096^2: 460 ms vs 190 ms, measured), so the cast runs
-    eagerly: a plain cast, redone with saturation only when it produced an infinity."""
-    narrow = values.to(dtype)
-    return saturating_cast(values, dtype) if torch.isinf(narrow).any() else narrow
 
 
 def _dynamic(x: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,7 @@ class FormatSpec:
     roundings: ClassVar[tuple[str, ...]] = ROUNDING_MODES
     # Formats with per-block reductions run slower when Inductor's dynamic-shape reduction kernels handle
     # half types (block_fp on bf16 4096^2: 460 ms fused vs about 200 ms, measured): their compiled kernel
-    # works in float32 and the backend casts around it (see backend._narrowed).
+    # works in float32 and the backend casts around it (see backend.saturating_cast).
     upcast_before_kernel: ClassVar[bool] = False
 
     rounding: str = "nearest_even"

@@ -122,3 +122,18 @@ def float_grid(x: torch.Tensor, mantissa_bits: int, min_exponent: int, max_value
     entry(x.data_ptr(), out.data_ptr(), x.numel(), mantissa_bits, min_exponent, max_value, int(saturate),
           ROUNDING_CODES[rounding], threads())  # fmt: skip
     return out
+
+
+_CAST_KINDS = {torch.bfloat16: 0, torch.float16: 1}
+
+
+def narrow(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """A contiguous float32 CPU tensor as bfloat16 / float16 by backend.saturating_cast's rule (nearest
+    even; finite values past the range to its largest finite value), or None (other dtype, no library)."""
+    entry = function("lb_narrow_f32", [POINTER, POINTER, I64, INT, INT])
+    kind = _CAST_KINDS.get(dtype)
+    if entry is None or kind is None or x.dtype is not torch.float32 or not x.is_contiguous():
+        return None
+    out = torch.empty(x.shape, dtype=dtype)
+    entry(x.data_ptr(), out.data_ptr(), x.numel(), kind, threads())
+    return out
