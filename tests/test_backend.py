@@ -10,10 +10,10 @@ import warnings
 
 import pytest
 import torch
-
-import lowbit
 from format_cases import CASES
 from helpers import assert_same
+
+import lowbit
 from lowbit import backend
 
 SPECIAL = [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-40, -3e38, 2.0**-9, 448.0, 1.9375]
@@ -318,7 +318,7 @@ with backend._tier_lock:
         backend._job_queue().put((backend._tiers["generation"], ("key", index)))
 time.sleep(0.2)  # the worker is inside the first build when the interpreter exits
 """
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert marker.read_text() == "built\n"  # the running build finished; the two queued ones were dropped
 

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from lowbit import native
-from lowbit.native import kernels as native_kernels
 from lowbit.errors import ConfigError, did_you_mean
+from lowbit.native import kernels as native_kernels
 
 if TYPE_CHECKING:
     from lowbit.formats._base import FormatSpec
