@@ -39,13 +39,25 @@ static inline uint16_t bfloat16_of(uint32_t bits) {
 #if defined(__AVX512F__)
 /* bfloat16_of on 16 lanes (GCC packed the plain loop's results with a cross-lane word permute per 32 lanes:
  * half the speed of torch's own cast). Not AVX512-BF16's conversion: it flushes subnormals to zero. */
+/* Nearest even at bit 16, in the low half of each lane: every finite float32 within bfloat16's range. */
+static inline __m512i bfloat16_rounded(__m512i bits) {
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), odd), 16);
+}
+
+/* Whether a lane of either vector is NaN, inf or a finite value past bfloat16's range (rare: one test). */
+static inline int beyond_bfloat16(__m512i a, __m512i b) {
+    const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), largest = _mm512_set1_epi32((int)BF16_MAX_BITS);
+    __m512i top = _mm512_max_epu32(_mm512_and_si512(a, magnitude), _mm512_and_si512(b, magnitude));
+    return _mm512_cmpgt_epu32_mask(top, largest) != 0;
+}
+
 static inline __m512i bfloat16_lanes(__m512i bits) {
     const __m512i infinity = _mm512_set1_epi32(0x7f800000), largest = _mm512_set1_epi32((int)BF16_MAX_BITS);
     __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
     __mmask16 beyond = _mm512_mask_cmpgt_epu32_mask(_mm512_cmplt_epu32_mask(magnitude, infinity), magnitude, largest);
     bits = _mm512_mask_ternarylogic_epi32(bits, beyond, largest, _mm512_set1_epi32((int)0x80000000u), 0xec); /* max | (bits & sign) */
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), odd), 16);
+    __m512i rounded = bfloat16_rounded(bits);
     __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
     rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmpgt_epu32_mask(magnitude, infinity), quiet);
     return rounded; /* in the low half of each lane */
@@ -75,7 +87,9 @@ static void narrow_range(const void *context, int64_t begin, int64_t end) {
     if (job->kind == CAST_BFLOAT16) {
 #if defined(__AVX512F__)
         for (; i + 32 <= end; i += 32) { /* two vectors packed in-lane, then the 64-bit quarters put in order */
-            __m512i packed = _mm512_packus_epi32(bfloat16_lanes(_mm512_loadu_si512(x + i)), bfloat16_lanes(_mm512_loadu_si512(x + i + 16)));
+            __m512i low = _mm512_loadu_si512(x + i), high = _mm512_loadu_si512(x + i + 16);
+            __m512i packed = beyond_bfloat16(low, high) ? _mm512_packus_epi32(bfloat16_lanes(low), bfloat16_lanes(high))
+                                                        : _mm512_packus_epi32(bfloat16_rounded(low), bfloat16_rounded(high));
             _mm512_storeu_si512(out + i, _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), packed));
         }
 #endif
