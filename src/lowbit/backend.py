@@ -149,7 +149,7 @@ def _native_result(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor | None:
     dtype = x.dtype
     if dtype not in _NATIVE_DTYPES or not x.is_contiguous() or not native_ready():
         return None
-    if dtype is torch.float32:
+    if dtype is torch.float32 or spec._native_takes_halves():
         return spec._native(x, dtype)
     result = spec._native(x.float(), dtype)
     if result is None:

@@ -125,6 +125,12 @@ class FormatSpec:
         native kernel for its parameters (subclasses override; see ``lowbit.native.kernels``)."""
         return None
 
+    def _native_takes_halves(self) -> bool:
+        """Whether ``_native`` also takes bfloat16 / float16 x and answers in x's dtype, as the float32 kernel's
+        result cast with ``backend.saturating_cast`` (element-wise kernels: csrc/stream.h widens and narrows a
+        tile at a time, so no float32 tensor is made). Otherwise the backend widens x and narrows the result."""
+        return False
+
     def _quantize_for(self, x: torch.Tensor, generator: torch.Generator | None, out_dtype: torch.dtype) -> torch.Tensor:
         """``_quantize`` when the result will be cast to ``out_dtype``; formats whose grid depends on the
         output's range (MX scales) override this."""

@@ -34,14 +34,25 @@ import math
 import torch
 
 from lowbit.errors import FormatError
-from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_given_scales, check_int, check_optional
-from lowbit.formats._base import is_number
+from lowbit.formats._base import (
+    FormatSpec,
+    check_axis,
+    check_bool,
+    check_given_scales,
+    check_int,
+    check_optional,
+    is_number,
+)
 from lowbit.formats._registry import register
-from lowbit.formats.blocking import apply_blockwise, block_shape, can_branch_on_data, given_per_axis
-from lowbit.formats.blocking import scaled_bits_per_element
+from lowbit.formats.blocking import (
+    apply_blockwise,
+    block_shape,
+    can_branch_on_data,
+    given_per_axis,
+    scaled_bits_per_element,
+)
 from lowbit.formats.means import rounded_mean
 from lowbit.native import sign_log
-
 
 _COUNTED_GRID_SIZE = 16
 
@@ -264,3 +275,6 @@ class BinaryResidual(FormatSpec):
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
         rounded, above = self._midpoints[torch.float32]
         return sign_log.residual(x, rounded, above, self._grids[torch.float32])
+
+    def _native_takes_halves(self) -> bool:
+        return True

@@ -78,6 +78,9 @@ class Integer(FormatSpec):
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
         return native_integer.fixed_point(x, self)
 
+    def _native_takes_halves(self) -> bool:
+        return True
+
     def value_set(self) -> torch.Tensor:
         q_min, q_max = self.code_range
         return torch.arange(q_min, q_max + 1, dtype=torch.float64) * self.step

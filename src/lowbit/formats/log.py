@@ -29,9 +29,15 @@ from fractions import Fraction
 
 import torch
 
-from lowbit.formats._base import FormatSpec, check_bool, check_int, check_optional, set_field
-from lowbit.formats._registry import register
+from lowbit.formats._base import (
+    FormatSpec,
+    check_bool,
+    check_int,
+    check_optional,
+    set_field,
+)
 from lowbit.formats._float_grid import exact_pow2, floor_log2
+from lowbit.formats._registry import register
 from lowbit.formats.rounding import round_to_integer
 from lowbit.native import sign_log
 
@@ -251,3 +257,6 @@ class Log(FormatSpec):
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
         below_sqrt2 = _largest_float_below_sqrt2(torch.float32)
         return sign_log.log(x, self.min_exponent, self.max_exponent, self.rounding, self.log_domain, below_sqrt2)
+
+    def _native_takes_halves(self) -> bool:
+        return True

@@ -20,7 +20,11 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from lowbit.formats._base import FormatSpec, _fail, check_int, check_optional, set_field
-from lowbit.formats._float_grid import float_grid_max, float_grid_values, round_to_float_grid
+from lowbit.formats._float_grid import (
+    float_grid_max,
+    float_grid_values,
+    round_to_float_grid,
+)
 from lowbit.formats._registry import register
 from lowbit.native import kernels
 
@@ -159,6 +163,9 @@ class _Minifloat(FormatSpec):
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
         grid = self.grid
         return None if grid.needs_float64 else grid.round_native(x, self.rounding)
+
+    def _native_takes_halves(self) -> bool:
+        return True
 
 
 @register

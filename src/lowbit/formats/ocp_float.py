@@ -239,6 +239,9 @@ class _OcpFloat(FormatSpec):
                 return native_block.ocp_columns(x, *grid)
         return None
 
+    def _native_takes_halves(self) -> bool:
+        return not self.is_scaled  # the plain cast (lb_ocp_element_f32); the scaled kernels take float32
+
     def _native_given(self, x: torch.Tensor, grid: tuple) -> torch.Tensor | None:
         scales = self.stored_scale
         if self.axis is not None and not -x.dim() <= self.axis < x.dim():

@@ -10,7 +10,16 @@ import ctypes
 
 import torch
 
-from lowbit.native.kernels import FLOAT, I64, INT, POINTER, ROUNDING_CODES, function, threads
+from lowbit.native.kernels import (
+    FLOAT,
+    HALF_CODES,
+    I64,
+    INT,
+    POINTER,
+    ROUNDING_CODES,
+    function,
+    threads,
+)
 
 DOUBLE = ctypes.c_double
 OVERFLOW_KINDS = {"saturate": 0, "inf": 1, "nan": 2}
@@ -23,13 +32,13 @@ GIVEN_CHUNK = 4096
 def ocp_element(x: torch.Tensor, mantissa_bits: int, min_exponent: int, max_value: float, overflow: str,
                 saturate: bool, rounding: str) -> torch.Tensor | None:  # fmt: skip
     """ocp_float.round_element on every element (no scale)."""
-    entry = function("lb_ocp_element_f32", [POINTER, POINTER, I64, INT, INT, FLOAT, INT, INT, INT, INT])
-    mode = ROUNDING_CODES.get(rounding)
-    if entry is None or mode is None:
+    entry = function("lb_ocp_element_f32", [POINTER, POINTER, I64, INT, INT, FLOAT, INT, INT, INT, INT, INT])
+    mode, half = ROUNDING_CODES.get(rounding), HALF_CODES.get(x.dtype)
+    if entry is None or mode is None or half is None:
         return None
     out = torch.empty_like(x)
     entry(x.data_ptr(), out.data_ptr(), x.numel(), mantissa_bits, min_exponent, max_value, OVERFLOW_KINDS[overflow],
-          int(saturate), mode, threads())  # fmt: skip
+          int(saturate), mode, half, threads())  # fmt: skip
     return out
 
 

@@ -26,7 +26,7 @@ _TENSOR, _ROWS, _CHANNELS, _GIVEN = 0, 1, 2, 3
 _ASYMMETRIC, _SYMMETRIC, _FULL_RANGE = 0, 1, 2
 _MAX_PREPARED = 512  # specs (and shapes per spec) remembered before the memo starts over
 I64, INT, POINTER = kernels.I64, kernels.INT, kernels.POINTER
-_FIXED_ARGS = [POINTER, POINTER, I64, POINTER, INT]
+_FIXED_ARGS = [POINTER, POINTER, I64, POINTER, INT, INT]
 _AFFINE_ARGS = [POINTER, POINTER, INT, I64, I64, I64, POINTER, INT]
 
 
@@ -59,10 +59,11 @@ def fixed_point(x: torch.Tensor, spec) -> torch.Tensor | None:
     """Integer.quantize: clamp(round(x * 2^f), q_min, q_max) * 2^-f (spec: width, frac_width, signed)."""
     entry = kernels.function("lb_fixed_f32", _FIXED_ARGS)
     prepared = _prepared_for(spec, _fixed_structure)
-    if entry is None or prepared.address is None:
+    half = kernels.HALF_CODES.get(x.dtype)
+    if entry is None or prepared.address is None or half is None:
         return None
     out = torch.empty_like(x)
-    entry(x.data_ptr(), out.data_ptr(), x.numel(), prepared.address, kernels.threads())
+    entry(x.data_ptr(), out.data_ptr(), x.numel(), prepared.address, half, kernels.threads())
     return out
 
 

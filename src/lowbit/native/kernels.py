@@ -113,18 +113,21 @@ def threads() -> int:
 def float_grid(x: torch.Tensor, mantissa_bits: int, min_exponent: int, max_value: float, rounding: str,
                saturate: bool = True) -> torch.Tensor | None:  # fmt: skip
     """round_to_float_grid on its bit path (the smallest step a normal float32), deterministic modes."""
-    entry = function("lb_float_grid_f32", [POINTER, POINTER, I64, INT, INT, FLOAT, INT, INT, INT])
-    if entry is None or rounding not in ROUNDING_CODES or mantissa_bits < 1:
+    entry = function("lb_float_grid_f32", [POINTER, POINTER, I64, INT, INT, FLOAT, INT, INT, INT, INT])
+    half = HALF_CODES.get(x.dtype)
+    if entry is None or half is None or rounding not in ROUNDING_CODES or mantissa_bits < 1:
         return None
     if min_exponent - mantissa_bits < _FLOAT32_MIN_NORMAL_EXPONENT or not max_value <= torch.finfo(torch.float32).max:
         return None
     out = torch.empty_like(x)
     entry(x.data_ptr(), out.data_ptr(), x.numel(), mantissa_bits, min_exponent, max_value, int(saturate),
-          ROUNDING_CODES[rounding], threads())  # fmt: skip
+          ROUNDING_CODES[rounding], half, threads())  # fmt: skip
     return out
 
 
 _CAST_KINDS = {torch.bfloat16: 0, torch.float16: 1}
+# The element-wise kernels' storage argument: float32, or bfloat16 / float16 in and out (csrc/stream.h).
+HALF_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def narrow(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:

@@ -46,14 +46,14 @@ def _per_group(values: tuple[float, ...] | None, groups: int) -> torch.Tensor | 
 def log(x: torch.Tensor, min_exponent: int, max_exponent: int, rounding: str, log_domain: bool,
         below_sqrt2: float) -> torch.Tensor | None:  # fmt: skip
     """formats/log.round_to_power_of_two on float32 (``below_sqrt2``: the largest float32 below sqrt(2))."""
-    entry = kernels.function("lb_log_f32", [POINTER, POINTER, I64, INT, INT, FLOAT, INT, INT, INT])
-    mode = kernels.ROUNDING_CODES.get(rounding)
-    if entry is None or mode is None or min_exponent > _FLOAT32_MAX_EXPONENT:
+    entry = kernels.function("lb_log_f32", [POINTER, POINTER, I64, INT, INT, FLOAT, INT, INT, INT, INT])
+    mode, half = kernels.ROUNDING_CODES.get(rounding), kernels.HALF_CODES.get(x.dtype)
+    if entry is None or mode is None or half is None or min_exponent > _FLOAT32_MAX_EXPONENT:
         return None
     top_code = min(max_exponent, _FLOAT32_MAX_EXPONENT) - min_exponent + 1
     out = torch.empty_like(x)
     entry(x.data_ptr(), out.data_ptr(), x.numel(), min_exponent, top_code, below_sqrt2,
-          int(log_domain and rounding.startswith("nearest")), mode, kernels.threads())  # fmt: skip
+          int(log_domain and rounding.startswith("nearest")), mode, half, kernels.threads())  # fmt: skip
     return out
 
 
@@ -100,12 +100,13 @@ def residual(x: torch.Tensor, midpoints: tuple[float, ...], above: tuple[bool, .
              values: tuple[float, ...]) -> torch.Tensor | None:  # fmt: skip
     """formats/binary.BinaryResidual: the nearest of ``values``, by rounded midpoints and whether each exact
     midpoint lies above its rounded one (at most 32 midpoints)."""
-    entry = kernels.function("lb_residual_f32", [POINTER, POINTER, I64, INT, POINTER, POINTER, POINTER, INT])
-    if entry is None or len(midpoints) > _RESIDUAL_MAX_POINTS or len(values) != len(midpoints) + 1:
+    entry = kernels.function("lb_residual_f32", [POINTER, POINTER, I64, INT, POINTER, POINTER, POINTER, INT, INT])
+    half = kernels.HALF_CODES.get(x.dtype)
+    if entry is None or half is None or len(midpoints) > _RESIDUAL_MAX_POINTS or len(values) != len(midpoints) + 1:
         return None
     arrays = _residual_arrays(midpoints, above, values)
     out = torch.empty_like(x)
-    entry(x.data_ptr(), out.data_ptr(), x.numel(), len(midpoints), *arrays[1:], kernels.threads())
+    entry(x.data_ptr(), out.data_ptr(), x.numel(), len(midpoints), *arrays[1:], half, kernels.threads())
     return out
 
 

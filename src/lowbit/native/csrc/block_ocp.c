@@ -57,9 +57,9 @@ static void element_range(const void *context, int64_t begin, int64_t end) {
 
 /* An unscaled OCP element cast: x, out n contiguous float32. */
 void lb_ocp_element_f32(const float *x, float *out, int64_t n, int mantissa_bits, int min_exponent,
-                        float max_value, int overflow_kind, int saturate, int mode, int threads) {
+                        float max_value, int overflow_kind, int saturate, int mode, int half, int threads) {
     element_job job = {x, out, make_element(mantissa_bits, min_exponent, max_value, overflow_kind, saturate, mode),
-                       mode, lb_streams(n, threads)};
+                       mode, lb_storage(n, threads, half)};
     lb_parallel(n, 16, threads, element_range, &job);
 }
 

@@ -1,110 +1,18 @@
 /* bfloat16 / float16 tensors around the float32 kernels (backend._native_result): the float32 result
- * narrowed back with backend.saturating_cast's rule (finite values beyond the narrow type's range become its
- * largest finite value of their sign; inf stays inf, NaN stays NaN), rounded to nearest even, in one pass
- * (torch's isfinite / where / cast took about 25 times a copy of the tensor for this).
- *
- * Narrowing to bfloat16 is the float32 bit pattern rounded at bit 16, which is correct for subnormals too
- * (the two types share the exponent range). float16 uses F16C's conversion where the build has it, else the
- * same rounding written out on the bits (normal and subnormal halves). */
-#include <stdint.h>
+ * narrowed back in one pass by backend.saturating_cast's rule (half.h); torch's isfinite / where / cast took
+ * about 25 times a copy of the tensor for this. */
 #include "common.h"
-#if defined(__F16C__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
-enum { CAST_BFLOAT16, CAST_FLOAT16 };
-
-#define BF16_MAX_BITS 0x7f7f0000u /* the largest finite bfloat16, as float32 bits */
-#define F16_MAX_BITS 0x477fe000u  /* 65504 */
+#include "half.h"
 
 typedef struct {
-    const void *x;
-    void *out;
+    const float *x;
+    uint16_t *out;
     int kind;
 } cast_job;
 
-/* bits of a finite |v| beyond the narrow type's largest finite value, brought down to it (sign kept) */
-static inline uint32_t saturated(uint32_t bits, uint32_t max_bits) {
-    uint32_t magnitude = bits & 0x7fffffffu, sign = bits & 0x80000000u;
-    return (magnitude < 0x7f800000u) & (magnitude > max_bits) ? sign | max_bits : bits;
-}
-
-/* no branch: the loop vectorises (NaN kept quiet, the rest rounded at bit 16) */
-static inline uint16_t bfloat16_of(uint32_t bits) {
-    bits = saturated(bits, BF16_MAX_BITS);
-    uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16, quiet = (bits >> 16) | 0x40u;
-    return (uint16_t)((bits & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-}
-
-#if defined(__AVX512F__)
-/* bfloat16_of on 16 lanes (GCC packed the plain loop's results with a cross-lane word permute per 32 lanes:
- * half the speed of torch's own cast). Not AVX512-BF16's conversion: it flushes subnormals to zero. */
-/* Nearest even at bit 16, in the low half of each lane: every finite float32 within bfloat16's range. */
-static inline __m512i bfloat16_rounded(__m512i bits) {
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), odd), 16);
-}
-
-/* Whether a lane of either vector is NaN, inf or a finite value past bfloat16's range (rare: one test). */
-static inline int beyond_bfloat16(__m512i a, __m512i b) {
-    const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), largest = _mm512_set1_epi32((int)BF16_MAX_BITS);
-    __m512i top = _mm512_max_epu32(_mm512_and_si512(a, magnitude), _mm512_and_si512(b, magnitude));
-    return _mm512_cmpgt_epu32_mask(top, largest) != 0;
-}
-
-static inline __m512i bfloat16_lanes(__m512i bits) {
-    const __m512i infinity = _mm512_set1_epi32(0x7f800000), largest = _mm512_set1_epi32((int)BF16_MAX_BITS);
-    __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
-    __mmask16 beyond = _mm512_mask_cmpgt_epu32_mask(_mm512_cmplt_epu32_mask(magnitude, infinity), magnitude, largest);
-    bits = _mm512_mask_ternarylogic_epi32(bits, beyond, largest, _mm512_set1_epi32((int)0x80000000u), 0xec); /* max | (bits & sign) */
-    __m512i rounded = bfloat16_rounded(bits);
-    __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-    rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmpgt_epu32_mask(magnitude, infinity), quiet);
-    return rounded; /* in the low half of each lane */
-}
-#endif
-
-/* float32 bits (already saturated) to float16 bits, rounded to nearest even, without F16C. */
-static inline uint16_t float16_of_bits(uint32_t bits) {
-    uint32_t sign = (bits >> 16) & 0x8000u, magnitude = bits & 0x7fffffffu;
-    if (magnitude >= 0x7f800000u) /* inf, or NaN kept quiet with its payload's top bits */
-        return (uint16_t)(sign | (magnitude > 0x7f800000u ? 0x7e00u | ((magnitude & 0x7fffffu) >> 13) : 0x7c00u));
-    if (magnitude >= 0x38800000u) /* a normal half: rebias, round at bit 13 (at most 65504: no overflow) */
-        return (uint16_t)(sign | ((magnitude - 0x38000000u + 0xfffu + ((magnitude >> 13) & 1u)) >> 13));
-    if (magnitude <= 0x33000000u) return (uint16_t)sign; /* at most half the smallest subnormal: to zero */
-    /* a subnormal half: v / 2^-24 rounded to an integer, the mantissa shifted by 126 - exponent (14..24) */
-    uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u, shift = 126u - (magnitude >> 23);
-    uint32_t kept = mantissa >> shift, rest = mantissa & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-    kept += (rest > half) | ((rest == half) & (kept & 1u));
-    return (uint16_t)(sign | kept);
-}
-
 static void narrow_range(const void *context, int64_t begin, int64_t end) {
     const cast_job *job = context;
-    const uint32_t *restrict x = job->x;
-    uint16_t *restrict out = job->out;
-    int64_t i = begin;
-    if (job->kind == CAST_BFLOAT16) {
-#if defined(__AVX512F__)
-        for (; i + 32 <= end; i += 32) { /* two vectors packed in-lane, then the 64-bit quarters put in order */
-            __m512i low = _mm512_loadu_si512(x + i), high = _mm512_loadu_si512(x + i + 16);
-            __m512i packed = beyond_bfloat16(low, high) ? _mm512_packus_epi32(bfloat16_lanes(low), bfloat16_lanes(high))
-                                                        : _mm512_packus_epi32(bfloat16_rounded(low), bfloat16_rounded(high));
-            _mm512_storeu_si512(out + i, _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), packed));
-        }
-#endif
-        for (; i < end; i++) out[i] = bfloat16_of(x[i]);
-        return;
-    }
-#if defined(__F16C__)
-    for (; i + 8 <= end; i += 8) {
-        uint32_t bits[8];
-        for (int k = 0; k < 8; k++) bits[k] = saturated(x[i + k], F16_MAX_BITS);
-        __m128i halves = _mm256_cvtps_ph(_mm256_loadu_ps((const float *)bits), _MM_FROUND_TO_NEAREST_INT);
-        _mm_storeu_si128((__m128i *)(out + i), halves);
-    }
-#endif
-    for (; i < end; i++) out[i] = float16_of_bits(saturated(x[i], F16_MAX_BITS));
+    lb_narrow_halves(job->x + begin, job->out + begin, end - begin, job->kind);
 }
 
 void lb_narrow_f32(const float *x, void *out, int64_t n, int kind, int threads) {

@@ -38,9 +38,9 @@ typedef struct {
     int32_t keep_sign, mode;              /* keep_sign: f < 0 under a mode that is not a nearest one */
 } lb_fixed_spec;
 
-void lb_fixed_f32(const float *x, float *out, int64_t n, const lb_fixed_spec *spec, int threads) {
+void lb_fixed_f32(const float *x, float *out, int64_t n, const lb_fixed_spec *spec, int half, int threads) {
     fixed_job job = {x, out, spec->multiplier, spec->step, spec->q_min, spec->q_max, spec->keep_sign, spec->mode,
-                     lb_streams(n, threads)};
+                     lb_storage(n, threads, half)};
     lb_parallel(n, 64, threads, fixed_range, &job);
 }
 

@@ -34,8 +34,8 @@ static void float_grid_range(const void *context, int64_t begin, int64_t end) {
 /* x, out: n contiguous float32; 1 <= mantissa_bits; min_exponent - mantissa_bits >= -126 (checked by the
  * caller). */
 void lb_float_grid_f32(const float *x, float *out, int64_t n, int mantissa_bits, int min_exponent,
-                       float max_value, int saturate, int mode, int threads) {
+                       float max_value, int saturate, int mode, int half, int threads) {
     float_grid_job job = {x, out, mantissa_bits << 23, (min_exponent - mantissa_bits + 127) << 23,
-                          max_value, saturate, mode, lb_streams(n, threads)};
+                          max_value, saturate, mode, lb_storage(n, threads, half)};
     lb_parallel(n, 16, threads, float_grid_range, &job);
 }

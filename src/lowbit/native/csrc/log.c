@@ -153,8 +153,8 @@ static void log_range(const void *context, int64_t begin, int64_t end) {
 
 /* log_domain only for the nearest modes (the caller passes 0 otherwise). */
 void lb_log_f32(const float *x, float *out, int64_t n, int min_exponent, int top_code, float below_sqrt2,
-                int log_domain, int mode, int threads) {
-    log_job job = {x, out, min_exponent, top_code, below_sqrt2, log_domain, mode, lb_streams(n, threads)};
+                int log_domain, int mode, int half, int threads) {
+    log_job job = {x, out, min_exponent, top_code, below_sqrt2, log_domain, mode, lb_storage(n, threads, half)};
     lb_parallel(n, 16, threads, log_range, &job);
 }
 

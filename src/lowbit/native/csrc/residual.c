@@ -53,9 +53,9 @@ static void residual_range(const void *context, int64_t begin, int64_t end) {
 
 /* points <= RESIDUAL_MAX_POINTS midpoints (ascending), points + 1 values. */
 void lb_residual_f32(const float *x, float *out, int64_t n, int points, const float *midpoints,
-                     const int *above, const float *values, int threads) {
+                     const int *above, const float *values, int half, int threads) {
     residual_job job;
-    job.x = x, job.out = out, job.points = points, job.streamed = lb_streams(n, threads);
+    job.x = x, job.out = out, job.points = points, job.streamed = lb_storage(n, threads, half);
     for (int p = 0; p < points; p++) { /* the next float32 up where the exact midpoint lies above (m finite) */
         uint32_t bits = lb_bits(midpoints[p]);
         if (above[p]) bits = bits == 0x80000000u ? 1u : (bits >> 31 ? bits - 1 : bits + 1);

@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 #include <string.h>
+#include "half.h"
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -114,11 +115,44 @@ static inline void lb_sink_close(lb_sink *sink) {
 }
 
 /* An element-wise kernel's pass over [begin, end) of x into out: fn(job, x + at, where, n) on spans of at
- * most a tile (streamed) or on the whole range at once. */
+ * most a tile (streamed) or on the whole range at once. With halves (`storage` from lb_storage below 0), x
+ * and out hold bfloat16 / float16 values: each tile is widened into float32 in L1, computed, and narrowed
+ * into out (half.h), so the pass moves the halves once and no float32 tensor exists. */
 typedef void (*lb_span_fn)(const void *job, const float *x, float *out, int64_t n);
+
+/* A pass's storage: LB_HALF_BFLOAT16 / LB_HALF_FLOAT16 for x and out holding halves (`half` 1 / 2), else
+ * whether its float32 output streams (lb_streams). */
+enum { LB_HALF_BFLOAT16 = -1, LB_HALF_FLOAT16 = -2 };
+static inline int lb_storage(int64_t n, int threads, int half) {
+    return half == 1 ? LB_HALF_BFLOAT16 : half == 2 ? LB_HALF_FLOAT16 : lb_streams(n, threads);
+}
+
+/* GCC cannot see that fn writes every element of `result` it is given (through a function pointer). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+static inline void lb_half_spans(const void *job, const uint16_t *x, uint16_t *out, int kind, int64_t begin,
+                                 int64_t end, lb_span_fn fn) {
+    float wide[LB_TILE] __attribute__((aligned(64))), result[LB_TILE] __attribute__((aligned(64)));
+    for (int64_t at = begin, n; at < end; at += n) {
+        n = end - at < LB_TILE ? end - at : LB_TILE;
+        lb_widen_halves(x + at, wide, n, kind);
+        fn(job, wide, result, n);
+        lb_narrow_halves(result, out + at, n, kind);
+    }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 static inline void lb_spans(const void *job, const float *x, float *out, int streamed, int64_t begin, int64_t end,
                             lb_span_fn fn) {
+    if (streamed < 0) {
+        int kind = streamed == LB_HALF_BFLOAT16 ? CAST_BFLOAT16 : CAST_FLOAT16;
+        lb_half_spans(job, (const uint16_t *)(const void *)x, (uint16_t *)(void *)out, kind, begin, end, fn);
+        return;
+    }
     lb_sink sink;
     lb_sink_open(&sink, out, streamed);
     for (int64_t at = begin, n; at < end; at += n) {

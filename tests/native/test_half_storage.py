@@ -1,0 +1,78 @@
+"""Element-wise native kernels over bfloat16 / float16 storage (csrc/stream.h: a tile widened into float32,
+computed, narrowed): on every 16-bit input pattern, in every deterministic rounding mode where the format has
+modes, on one and several threads and at lengths that end in a partial tile, the same bits as the eager path
+(which computes on the float32 value and casts back with backend.saturating_cast)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import DETERMINISTIC
+
+import lowbit
+from lowbit import backend
+from lowbit.native import build
+
+pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
+
+HALF_FORMATS = [
+    ("integer", {"width": 8, "frac_width": 4}),
+    ("integer", {"width": 4, "frac_width": -3}),
+    ("minifloat_ieee", {"width": 8, "exponent_width": 4, "exponent_bias": 7}),
+    ("minifloat_denorm", {"width": 6, "exponent_width": 3}),
+    ("e4m3", {}),
+    ("e5m2", {"saturate": False}),
+    ("log", {"width": 8, "exponent_bias": 63}),
+    ("binary_residual", {"levels": 2}),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library():
+    assert build.ensure() is not None, build.error()
+
+
+def every_pattern(dtype: torch.dtype) -> torch.Tensor:
+    return torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+
+
+def assert_native_half_equals_eager(spec, x: torch.Tensor) -> None:
+    assert spec._native_takes_halves()
+    got = spec._native(x.contiguous(), x.dtype)  # the kernel itself: None would mean it declined
+    assert got is not None and got.dtype == x.dtype
+    try:
+        backend.set_backend("eager")
+        want = spec.quantize(x)
+        backend.set_backend("native")
+        assert torch.equal(spec.quantize(x).view(torch.int16), got.view(torch.int16))  # the backend takes it
+    finally:
+        backend.set_backend("eager")
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    mismatch = (got.view(torch.int16) != want.view(torch.int16)) & ~nan
+    assert not mismatch.any(), f"{int(mismatch.sum())} differ: {x[mismatch][:4]} -> {got[mismatch][:4]} vs {want[mismatch][:4]}"
+
+
+def rounding_variants(params: dict, name: str) -> list[dict]:
+    modes = lowbit.get_format(name).roundings
+    return [{**params, "rounding": mode} for mode in DETERMINISTIC if mode in modes] or [params]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name,params", HALF_FORMATS)
+def test_every_half_input_gives_the_eager_bits(name, params, dtype):
+    for variant in rounding_variants(params, name):
+        assert_native_half_equals_eager(lowbit.get_format(name)(**variant), every_pattern(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("length", [1, 7, 2047, 2049, 65531])
+def test_partial_tiles_on_several_threads(dtype, length, several_threads):
+    x = every_pattern(dtype)[torch.randperm(65536, generator=torch.Generator().manual_seed(length))][:length]
+    for name, params in HALF_FORMATS:
+        assert_native_half_equals_eager(lowbit.get_format(name)(**params), x.view(1, -1))
+
+
+def test_scaled_formats_keep_the_float32_route():
+    assert not lowbit.get_format("e4m3")(axis=0)._native_takes_halves()
+    assert not lowbit.get_format("affine")(bits=8)._native_takes_halves()
