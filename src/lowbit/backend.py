@@ -149,8 +149,12 @@ def _native_result(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor | None:
     dtype = x.dtype
     if dtype not in _NATIVE_DTYPES or not x.is_contiguous() or not native_ready():
         return None
-    if dtype is torch.float32 or spec._native_takes_halves():
+    if dtype is torch.float32:
         return spec._native(x, dtype)
+    if spec._native_takes_halves():
+        result = spec._native(x, dtype)
+        if result is not None:
+            return result  # else the kernel takes halves in other layouts only: through float32 below
     result = spec._native(x.float(), dtype)
     if result is None:
         return None

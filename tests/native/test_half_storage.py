@@ -24,6 +24,9 @@ HALF_FORMATS = [
     ("e5m2", {"saturate": False}),
     ("log", {"width": 8, "exponent_bias": 63}),
     ("binary_residual", {"levels": 2}),
+    ("affine", {"bits": 8}),  # per tensor: min / max over the halves, then the elements
+    ("affine", {"bits": 4, "symmetric": True, "power_of_two": True}),
+    ("affine", {"bits": 8, "scale": (0.05,), "zero_point": (3,)}),
 ]
 
 
@@ -75,4 +78,20 @@ def test_partial_tiles_on_several_threads(dtype, length, several_threads):
 
 def test_scaled_formats_keep_the_float32_route():
     assert not lowbit.get_format("e4m3")(axis=0)._native_takes_halves()
-    assert not lowbit.get_format("affine")(bits=8)._native_takes_halves()
+    assert not lowbit.get_format("affine")(bits=8, axis=0)._native_takes_halves()
+
+
+@pytest.mark.parametrize("params", [{"bits": 8, "skip_first_dim": True}, {"bits": 8, "scale": (0.1, 0.2), "axis": 1}])
+def test_affine_in_other_layouts_goes_through_float32(params):
+    """The kernel declines halves outside per-tensor layouts; the backend then widens x and narrows the result."""
+    spec = lowbit.get_format("affine")(**params)
+    x = (torch.randn(6, 2, 40, generator=torch.Generator().manual_seed(2)) * 4).bfloat16()
+    try:
+        backend.set_backend("eager")
+        want = spec.quantize(x)
+        backend.set_backend("native")
+        got = spec.quantize(x)
+    finally:
+        backend.set_backend("eager")
+    assert spec._native(x.float(), x.dtype) is not None  # the float32 kernel runs there
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))

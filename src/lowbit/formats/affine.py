@@ -23,20 +23,34 @@ from lowbit.formats._base import (
     check_block_size,
     check_bool,
     check_choice,
-    check_int,
     check_given_scales,
+    check_int,
     check_optional,
     check_tensor,
     is_number,
 )
 from lowbit.formats._registry import register
-from lowbit.formats.blocking import apply_blockwise, block_shape, finite_abs_max, finite_min_max, normalize_axis
-from lowbit.formats.blocking import scaled_bits_per_element
+from lowbit.formats.blocking import (
+    apply_blockwise,
+    block_shape,
+    finite_abs_max,
+    finite_min_max,
+    normalize_axis,
+    scaled_bits_per_element,
+)
 from lowbit.formats.integer import code_range
 from lowbit.formats.rounding import round_to_integer
-from lowbit.formats.scaling import SCALE_DTYPE_BITS, ceil_power_of_two, round_scale, round_scale_up, safe_scale
-from lowbit.formats.scaling import round_scale_down, shorten_scale
+from lowbit.formats.scaling import (
+    SCALE_DTYPE_BITS,
+    ceil_power_of_two,
+    round_scale,
+    round_scale_down,
+    round_scale_up,
+    safe_scale,
+    shorten_scale,
+)
 from lowbit.native import integer as native_integer
+
 
 class AffineParameters(NamedTuple):
     """The scale and zero point of every element (both shaped like the quantized tensor)."""
@@ -163,6 +177,9 @@ class Affine(FormatSpec):
     # ---- quantization -------------------------------------------------------------------------------
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
         return native_integer.affine(x, self, block_shape)
+
+    def _native_takes_halves(self) -> bool:
+        return self.axis is None and self.block_size is None  # per tensor; the kernel declines halves elsewhere
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         if self.scale is not None:

@@ -27,7 +27,7 @@ _ASYMMETRIC, _SYMMETRIC, _FULL_RANGE = 0, 1, 2
 _MAX_PREPARED = 512  # specs (and shapes per spec) remembered before the memo starts over
 I64, INT, POINTER = kernels.I64, kernels.INT, kernels.POINTER
 _FIXED_ARGS = [POINTER, POINTER, I64, POINTER, INT, INT]
-_AFFINE_ARGS = [POINTER, POINTER, INT, I64, I64, I64, POINTER, INT]
+_AFFINE_ARGS = [POINTER, POINTER, INT, I64, I64, I64, POINTER, INT, INT]
 
 
 class _FixedSpec(ctypes.Structure):
@@ -72,7 +72,8 @@ def affine(x: torch.Tensor, spec, block_shape) -> torch.Tensor | None:
     axis, skip_first_dim)`` gives (formats.blocking.block_shape, passed in: it lives a layer above)."""
     entry = kernels.function("lb_affine_f32", _AFFINE_ARGS, INT)  # 0: it could not allocate (nothing written)
     prepared = _prepared_for(spec, _affine_structure)
-    if entry is None or prepared.address is None:
+    half = kernels.HALF_CODES.get(x.dtype)
+    if entry is None or prepared.address is None or half is None:
         return None
     shape = x.shape
     layout = prepared.layouts.get(shape)
@@ -84,7 +85,7 @@ def affine(x: torch.Tensor, spec, block_shape) -> torch.Tensor | None:
     if not layout:
         return None
     out = torch.empty_like(x)
-    done = entry(x.data_ptr(), out.data_ptr(), *layout, prepared.address, kernels.threads())
+    done = entry(x.data_ptr(), out.data_ptr(), *layout, prepared.address, half, kernels.threads())
     return out if done else None
 
 

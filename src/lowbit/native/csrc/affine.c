@@ -91,12 +91,25 @@ static void tensor_range(const void *context, int64_t begin, int64_t end) {
     lb_spans(job, job->x, job->out, job->streamed, begin, end, tensor_span);
 }
 
+/* min_max over n halves from x[start] (x holds bfloat16 / float16: streamed < 0), a tile widened at a time. */
+static void half_min_max(const affine_job *job, int64_t start, int64_t n, float *low, float *high) {
+    float tile[LB_TILE];
+    const uint16_t *x = (const uint16_t *)(const void *)job->x + start;
+    for (int64_t at = 0, k; at < n; at += k) {
+        k = n - at < LB_TILE ? n - at : LB_TILE;
+        lb_widen_halves(x + at, tile, k, lb_half_kind(job->streamed));
+        min_max(tile, k, low, high);
+    }
+}
+
 static void tensor_statistics(const void *context, int64_t begin, int64_t end) {
     const affine_job *job = context;
     for (int64_t start = begin; start < end; start += STAT_GRAIN) {
         float *part = job->parts + 2 * (start / STAT_GRAIN);
+        int64_t n = end - start < STAT_GRAIN ? end - start : STAT_GRAIN;
         part[0] = part[1] = 0.0f;
-        min_max(job->x + start, (end - start < STAT_GRAIN ? end - start : STAT_GRAIN), part, part + 1);
+        if (job->streamed < 0) half_min_max(job, start, n, part, part + 1);
+        else min_max(job->x + start, n, part, part + 1);
     }
 }
 
@@ -352,12 +365,15 @@ static int given_pass(affine_job *job, int64_t outer, int threads) {
 
 /* Affine quantization of x (float32, n elements) into out. layout TENSOR: min-max over all d0 elements; ROWS:
  * d0 rows of d1 elements, min-max per block of d2 along each row; CHANNELS: [d0, d1, d2], min-max per index of
- * d1; GIVEN: [d0, d1, d2] with the spec's scales and zero points (one, or one per index of d1). Returns 0
- * where memory ran out (nothing written: the caller falls back), else 1. */
+ * d1; GIVEN: [d0, d1, d2] with the spec's scales and zero points (one, or one per index of d1). half (1
+ * bfloat16, 2 float16): x and out hold halves, for TENSOR and a GIVEN single channel only. Returns 0 where
+ * memory ran out or halves come with another layout (nothing written: the caller falls back), else 1. */
 int lb_affine_f32(const float *x, float *out, int layout, int64_t d0, int64_t d1, int64_t d2,
-                  const lb_affine_spec *spec, int threads) {
+                  const lb_affine_spec *spec, int half, int threads) {
     affine_job job = {x, out, d1, d2, d1, d2, NULL, NULL, NULL, NULL, 1, {1.0f, 1.0f, 0.0f, 1}, spec, NULL, 0};
-    job.streamed = lb_streams(layout == LAYOUT_TENSOR ? d0 : (layout == LAYOUT_ROWS ? d0 * d1 : d0 * d1 * d2), threads);
+    if (half && layout != LAYOUT_TENSOR && !(layout == LAYOUT_GIVEN && d1 == 1)) return 0;
+    job.streamed = lb_storage(layout == LAYOUT_TENSOR ? d0 : (layout == LAYOUT_ROWS ? d0 * d1 : d0 * d1 * d2), threads,
+                              half);
     switch (layout) {
     case LAYOUT_TENSOR: return tensor_pass(&job, d0, threads);
     case LAYOUT_ROWS:

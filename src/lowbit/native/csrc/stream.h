@@ -146,11 +146,14 @@ static inline void lb_half_spans(const void *job, const uint16_t *x, uint16_t *o
 #pragma GCC diagnostic pop
 #endif
 
+/* half.h's kind for a storage below 0 */
+static inline int lb_half_kind(int storage) { return storage == LB_HALF_BFLOAT16 ? CAST_BFLOAT16 : CAST_FLOAT16; }
+
 static inline void lb_spans(const void *job, const float *x, float *out, int streamed, int64_t begin, int64_t end,
                             lb_span_fn fn) {
     if (streamed < 0) {
-        int kind = streamed == LB_HALF_BFLOAT16 ? CAST_BFLOAT16 : CAST_FLOAT16;
-        lb_half_spans(job, (const uint16_t *)(const void *)x, (uint16_t *)(void *)out, kind, begin, end, fn);
+        lb_half_spans(job, (const uint16_t *)(const void *)x, (uint16_t *)(void *)out, lb_half_kind(streamed), begin,
+                      end, fn);
         return;
     }
     lb_sink sink;
