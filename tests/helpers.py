@@ -201,3 +201,16 @@ def float32_patterns(shape, seed: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     bits = torch.randint(-(2**31), 2**31, tuple(shape), dtype=torch.int64, generator=generator)
     return bits.to(torch.int32).view(torch.float32)
+
+
+def eager_and_native(spec, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``spec.quantize(x)`` on the eager backend, then on the native one (the eager backend in force after)."""
+    from lowbit import backend
+
+    try:
+        backend.set_backend("eager")
+        want = spec.quantize(x)
+        backend.set_backend("native")
+        return want, spec.quantize(x)
+    finally:
+        backend.set_backend("eager")

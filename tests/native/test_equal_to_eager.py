@@ -9,10 +9,10 @@ import dataclasses
 
 import pytest
 import torch
+from format_cases import CASES
+from helpers import DETERMINISTIC, eager_and_native, float32_patterns
 
 import lowbit
-from format_cases import CASES
-from helpers import DETERMINISTIC, float32_patterns
 from lowbit import backend
 from lowbit.native import build
 
@@ -108,13 +108,7 @@ def test_the_native_backend_equals_eager_in_each_dtype_on_several_threads(case_i
     _, name, params, _ = next(case for case in CASES if case[0] == case_id)
     spec = lowbit.get_format(name)(**params)
     x = (torch.randn(256, 1056, generator=torch.Generator().manual_seed(3)) * 8).to(dtype)
-    try:
-        backend.set_backend("eager")
-        want = spec.quantize(x)
-        backend.set_backend("native")
-        got = spec.quantize(x)
-    finally:
-        backend.set_backend("eager")
+    want, got = eager_and_native(spec, x)
     assert_bits_equal(got.float(), want.float())
     assert got.dtype == dtype
 

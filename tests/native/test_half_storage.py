@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import DETERMINISTIC
+from helpers import DETERMINISTIC, eager_and_native
 
 import lowbit
-from lowbit import backend
 from lowbit.native import build
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
@@ -43,13 +42,8 @@ def assert_native_half_equals_eager(spec, x: torch.Tensor) -> None:
     assert spec._native_takes_halves()
     got = spec._native(x.contiguous(), x.dtype)  # the kernel itself: None would mean it declined
     assert got is not None and got.dtype == x.dtype
-    try:
-        backend.set_backend("eager")
-        want = spec.quantize(x)
-        backend.set_backend("native")
-        assert torch.equal(spec.quantize(x).view(torch.int16), got.view(torch.int16))  # the backend takes it
-    finally:
-        backend.set_backend("eager")
+    want, through_backend = eager_and_native(spec, x)
+    assert torch.equal(through_backend.view(torch.int16), got.view(torch.int16))  # the backend takes it
     nan = torch.isnan(want)
     assert torch.equal(torch.isnan(got), nan)
     mismatch = (got.view(torch.int16) != want.view(torch.int16)) & ~nan
@@ -86,12 +80,6 @@ def test_affine_in_other_layouts_goes_through_float32(params):
     """The kernel declines halves outside per-tensor layouts; the backend then widens x and narrows the result."""
     spec = lowbit.get_format("affine")(**params)
     x = (torch.randn(6, 2, 40, generator=torch.Generator().manual_seed(2)) * 4).bfloat16()
-    try:
-        backend.set_backend("eager")
-        want = spec.quantize(x)
-        backend.set_backend("native")
-        got = spec.quantize(x)
-    finally:
-        backend.set_backend("eager")
+    want, got = eager_and_native(spec, x)
     assert spec._native(x.float(), x.dtype) is not None  # the float32 kernel runs there
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
