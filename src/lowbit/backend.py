@@ -136,7 +136,7 @@ def run_without_native(spec: FormatSpec, x: torch.Tensor, generator: torch.Gener
         return spec._quantize_in_dtype(x, generator)  # eager until the background kernel is ready
     try:
         if upcast:
-            return saturating_cast(kernel(*key)(_dynamic(x.float())), x.dtype)
+            return _narrowed(kernel(*key)(_dynamic(x.float())), x.dtype)
         return kernel(*key)(_dynamic(x))
     except Exception as error:  # a missing compiler or an Inductor failure: fall back once, loudly
         _give_up(error)
@@ -156,10 +156,7 @@ def _native_result(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor | None:
         if result is not None:
             return result  # else the kernel takes halves in other layouts only: through float32 below
     result = spec._native(x.float(), dtype)
-    if result is None:
-        return None
-    narrow = native_kernels.narrow(result, dtype)
-    return saturating_cast(result, dtype) if narrow is None else narrow
+    return None if result is None else _narrowed(result, dtype)
 
 
 def native_ready() -> bool:
@@ -348,6 +345,12 @@ def saturating_cast(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if -limit <= float(low) and float(high) <= limit:
             return values.to(dtype)
     return torch.where(torch.isfinite(values), values.clamp(-limit, limit), values).to(dtype)
+
+
+def _narrowed(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``saturating_cast`` of a float32 kernel result: one native pass where the library is loaded."""
+    narrow = native_kernels.narrow(values, dtype)
+    return saturating_cast(values, dtype) if narrow is None else narrow
 
 
 def _dynamic(x: torch.Tensor) -> torch.Tensor:

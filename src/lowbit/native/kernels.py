@@ -125,8 +125,7 @@ def float_grid(x: torch.Tensor, mantissa_bits: int, min_exponent: int, max_value
     return out
 
 
-_CAST_KINDS = {torch.bfloat16: 0, torch.float16: 1}
-# The element-wise kernels' storage argument: float32, or bfloat16 / float16 in and out (csrc/stream.h).
+# The kernels' storage argument: float32, or bfloat16 / float16 (csrc/stream.h, cast.c).
 HALF_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
@@ -134,9 +133,9 @@ def narrow(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
     """A contiguous float32 CPU tensor as bfloat16 / float16 by backend.saturating_cast's rule (nearest
     even; finite values past the range to its largest finite value), or None (other dtype, no library)."""
     entry = function("lb_narrow_f32", [POINTER, POINTER, I64, INT, INT])
-    kind = _CAST_KINDS.get(dtype)
-    if entry is None or kind is None or x.dtype is not torch.float32 or not x.is_contiguous():
+    half = HALF_CODES.get(dtype)
+    if entry is None or not half or x.dtype is not torch.float32 or not x.is_contiguous():
         return None
     out = torch.empty(x.shape, dtype=dtype)
-    entry(x.data_ptr(), out.data_ptr(), x.numel(), kind, threads())
+    entry(x.data_ptr(), out.data_ptr(), x.numel(), half, threads())
     return out

@@ -7,7 +7,7 @@
 typedef struct {
     const float *x;
     uint16_t *out;
-    int kind;
+    int kind; /* half.h's CAST_* */
 } cast_job;
 
 static void narrow_range(const void *context, int64_t begin, int64_t end) {
@@ -15,7 +15,8 @@ static void narrow_range(const void *context, int64_t begin, int64_t end) {
     lb_narrow_halves(job->x + begin, job->out + begin, end - begin, job->kind);
 }
 
-void lb_narrow_f32(const float *x, void *out, int64_t n, int kind, int threads) {
-    cast_job job = {x, out, kind};
+/* half: 1 bfloat16, 2 float16 (the kernels' storage codes) */
+void lb_narrow_f32(const float *x, void *out, int64_t n, int half, int threads) {
+    cast_job job = {x, out, half == 1 ? CAST_BFLOAT16 : CAST_FLOAT16};
     lb_parallel(n, 64, threads, narrow_range, &job);
 }
