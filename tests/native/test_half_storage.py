@@ -70,8 +70,7 @@ def test_partial_tiles_on_several_threads(dtype, length, several_threads):
         assert_native_half_equals_eager(lowbit.get_format(name)(**params), x.view(1, -1))
 
 
-def test_scaled_formats_keep_the_float32_route():
-    assert not lowbit.get_format("e4m3")(axis=0)._native_takes_halves()
+def test_affine_per_channel_keeps_the_float32_route():
     assert not lowbit.get_format("affine")(bits=8, axis=0)._native_takes_halves()
 
 

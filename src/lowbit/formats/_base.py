@@ -127,8 +127,9 @@ class FormatSpec:
 
     def _native_takes_halves(self) -> bool:
         """Whether ``_native`` also takes bfloat16 / float16 x and answers in x's dtype, as the float32 kernel's
-        result cast with ``backend.saturating_cast`` (element-wise kernels: csrc/stream.h widens and narrows a
-        tile at a time, so no float32 tensor is made). Otherwise the backend widens x and narrows the result."""
+        result cast with ``backend.saturating_cast`` (csrc/stream.h widens and narrows a tile at a time, so no
+        float32 tensor is made). Where it does not, or answers None for halves in some layout (blocks longer
+        than a tile, affine per channel), the backend widens x and narrows the float32 kernel's result."""
         return False
 
     def _quantize_for(self, x: torch.Tensor, generator: torch.Generator | None, out_dtype: torch.dtype) -> torch.Tensor:

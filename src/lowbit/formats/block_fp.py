@@ -35,7 +35,14 @@ import math
 import torch
 
 from lowbit.errors import FormatError
-from lowbit.formats._base import FormatSpec, check_axis, check_block_size, check_bool, check_int, check_optional
+from lowbit.formats._base import (
+    FormatSpec,
+    check_axis,
+    check_block_size,
+    check_bool,
+    check_int,
+    check_optional,
+)
 from lowbit.formats._float_grid import exact_pow2, floor_log2
 from lowbit.formats._registry import register
 from lowbit.formats.blocking import (
@@ -225,9 +232,12 @@ class BlockFP(FormatSpec):
         runs = native_runs(self, x)
         if runs is None:
             return None
-        max_exponent, top_code, _ = _native_constants(self, x.dtype)
+        max_exponent, top_code, float32 = _native_constants(self, torch.float32)  # halves: float32 arithmetic too
         return native_block.block_fp(x, runs, self.mantissa_bits, self.min_exponent, max_exponent, top_code,
-                                     self._float32_applies(x), self.rounding)  # fmt: skip
+                                     float32 and can_branch_on_data(x), self.rounding)  # fmt: skip
+
+    def _native_takes_halves(self) -> bool:
+        return True
 
     def _top_code(self, dtype: torch.dtype) -> float:
         """The largest code: 2^M - 1, or where M exceeds ``dtype``'s significand (W > 25 for float32) the

@@ -24,7 +24,13 @@ import math
 
 import torch
 
-from lowbit.formats._base import FormatSpec, check_axis, check_block_size, check_bool, check_int
+from lowbit.formats._base import (
+    FormatSpec,
+    check_axis,
+    check_block_size,
+    check_bool,
+    check_int,
+)
 from lowbit.formats._registry import register
 from lowbit.formats.block_fp import dtype_max_exponent
 from lowbit.formats.blocking import (
@@ -122,6 +128,9 @@ class BlockLog(FormatSpec):
         below_sqrt2 = _largest_float_below_sqrt2(torch.float32) if self.log_domain else 0.0
         return native_block.block_log(x, runs, 2**self.exponent_width - 1, self.max_bias, self.log_domain,
                                       below_sqrt2, self.rounding)  # fmt: skip
+
+    def _native_takes_halves(self) -> bool:
+        return True
 
     def _quantize_block(self, blocked: torch.Tensor, dims: tuple[int, ...], generator) -> torch.Tensor:
         fast = (self.rounding == "nearest_even" and not self.log_domain

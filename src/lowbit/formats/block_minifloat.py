@@ -33,7 +33,12 @@ from lowbit.errors import FormatError
 from lowbit.formats._base import FormatSpec, check_block_size, check_bool, check_int
 from lowbit.formats._float_grid import float_grid_values, round_to_float_grid
 from lowbit.formats._registry import register
-from lowbit.formats.block_fp import dtype_max_exponent, exponent_from_extremes, nearest_even_exponent, shared_exponent
+from lowbit.formats.block_fp import (
+    dtype_max_exponent,
+    exponent_from_extremes,
+    nearest_even_exponent,
+    shared_exponent,
+)
 from lowbit.formats.blocking import (
     apply_blockwise,
     block_shape,
@@ -153,18 +158,24 @@ class BlockMinifloat(FormatSpec):
         runs = runs_of(x.shape, self.block_size, None, self.skip_first_dim)
         if runs is None:
             return None
-        max_shared = min(self.max_shared_exponent, dtype_max_exponent(x.dtype))
+        max_shared = min(self.max_shared_exponent, dtype_max_exponent(torch.float32))  # halves: float32 too
+        in_float = self._float32_grid_applies() and can_branch_on_data(x)
         return native_block.block_minifloat(x, runs, self.mantissa_bits, 2**self.exponent_width - 2,
-                                            self.min_shared_exponent, max_shared, self._float32_applies(x),
-                                            self.rounding)  # fmt: skip
+                                            self.min_shared_exponent, max_shared, in_float, self.rounding)  # fmt: skip
+
+    def _native_takes_halves(self) -> bool:
+        return True
 
     def _float32_applies(self, x: torch.Tensor) -> bool:
-        """float32 data, a nearest mode and every block's smallest step >= 2^-149: then the float32 grid
-        rounding is exact where it matters (a quotient under 2^-126 rounds to a signed zero either way)
-        and every result is a float32 value, so it gives the float64 path's bits."""
+        """float32 data and ``_float32_grid_applies``."""
+        return x.dtype == torch.float32 and self._float32_grid_applies() and can_branch_on_data(x)
+
+    def _float32_grid_applies(self) -> bool:
+        """A nearest mode and every block's smallest step >= 2^-149: then the float32 grid rounding is exact
+        where it matters (a quotient under 2^-126 rounds to a signed zero either way) and every result is a
+        float32 value, so on float32 data it gives the float64 path's bits."""
         smallest_step = self.element_min_exponent(self.min_shared_exponent) - self.mantissa_bits
-        return (x.dtype == torch.float32 and self.rounding.startswith("nearest") and self.mantissa_bits <= 22
-                and smallest_step >= -149 and can_branch_on_data(x))  # fmt: skip
+        return self.rounding.startswith("nearest") and self.mantissa_bits <= 22 and smallest_step >= -149
 
     def _float32_blocks(self, blocked: torch.Tensor, dims: tuple[int, ...], max_shared: int) -> torch.Tensor:
         """The blocks in float32 with one reduction for the shared exponents (finite blocks); float64 otherwise."""

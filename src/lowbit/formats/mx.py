@@ -46,7 +46,14 @@ from typing import ClassVar
 import torch
 
 from lowbit.errors import FormatError
-from lowbit.formats._base import FormatSpec, check_axis, check_block_size, check_bool, check_choice, check_tensor
+from lowbit.formats._base import (
+    FormatSpec,
+    check_axis,
+    check_block_size,
+    check_bool,
+    check_choice,
+    check_tensor,
+)
 from lowbit.formats._float_grid import float_grid_values, round_to_float_grid
 from lowbit.formats._registry import register
 from lowbit.formats.blocking import (
@@ -204,6 +211,9 @@ class _MXFormat(FormatSpec):
         dtype_max = torch.finfo(out_dtype).max
         return native_block.mx(x, runs, element.mantissa_bits, element.min_exponent, element.emax,
                                element.max_value, self.scale_rule, dtype_max, self.rounding)  # fmt: skip
+
+    def _native_takes_halves(self) -> bool:
+        return True
 
     def _quantize_within(self, x: torch.Tensor, generator, dtype_max: float) -> torch.Tensor:
         if x.dim() == 0:

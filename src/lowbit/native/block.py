@@ -1,8 +1,11 @@
 """Entry points of the block kernels (csrc/block_ocp.c, block_scaled.c, block_log.c): OCP element casts, scaled OCP
 elements, MX, block_fp, block_minifloat and block_log. Blocks are contiguous runs: ``rows`` rows of
 ``row_length`` floats cut into blocks of ``block_length`` (the last block of a row may be shorter), as
-``blocking.contiguous_runs`` describes them. Each function returns a float32 tensor, or None where no library is
-loaded or the rounding mode has no code (stochastic): the caller then runs the eager path."""
+``blocking.contiguous_runs`` describes them. Each function returns a tensor of x's dtype, or None where no library is
+loaded or the rounding mode has no code (stochastic): the caller then runs the eager path. Every kernel also
+takes bfloat16 / float16 x, a tile at a time widened to float32 and the result narrowed (the float32 kernel's
+result cast by ``backend.saturating_cast``); the block kernels do where blocks are at most a tile (2048
+elements, csrc/stream.h) long, and answer None for longer ones."""
 
 from __future__ import annotations
 
@@ -24,9 +27,21 @@ from lowbit.native.kernels import (
 DOUBLE = ctypes.c_double
 OVERFLOW_KINDS = {"saturate": 0, "inf": 1, "nan": 2}
 SCALE_RULES = {"floor": 0, "ceil": 1, "even": 2}
-_GEOMETRY = [POINTER, POINTER, I64, I64, I64]
-# A chunk of this many elements shares one given scale entry (given scales need no per-block statistic).
-GIVEN_CHUNK = 4096
+_RUNS = [I64, I64, I64]
+# A chunk of this many elements shares one given scale entry (given scales need no per-block statistic): a
+# tile of the kernels (csrc/stream.h), so that halves run too.
+GIVEN_CHUNK = 2048
+
+
+def _run(name: str, argument_types: list, x: torch.Tensor, rounding: str, *arguments) -> torch.Tensor | None:
+    """Calls the block kernel ``name`` (x and out first, then ``arguments``, the rounding mode, x's storage and the
+    threads; it answers 0 where it declines) into a new tensor like x; None where it does not run."""
+    entry = function(name, [POINTER, POINTER, *argument_types, INT, INT, INT], INT)
+    mode, half = ROUNDING_CODES.get(rounding), HALF_CODES.get(x.dtype)
+    if entry is None or mode is None or half is None:
+        return None
+    out = torch.empty_like(x)
+    return out if entry(x.data_ptr(), out.data_ptr(), *arguments, mode, half, threads()) else None
 
 
 def ocp_element(x: torch.Tensor, mantissa_bits: int, min_exponent: int, max_value: float, overflow: str,
@@ -47,78 +62,46 @@ def ocp_scaled(x: torch.Tensor, runs: tuple[int, int, int], scales: torch.Tensor
                rounding: str) -> torch.Tensor | None:  # fmt: skip
     """s * element(x / s) per block: s derived from the block (f32 scales) when ``scales`` is None, else
     ``scales[block index // blocks_per_scale]`` (float32, contiguous)."""
-    entry = function("lb_ocp_scaled_f32", _GEOMETRY + [POINTER, I64, INT, INT, FLOAT, INT, INT, INT, INT])
-    mode = ROUNDING_CODES.get(rounding)
-    if entry is None or mode is None:
-        return None
-    out = torch.empty_like(x)
-    entry(x.data_ptr(), out.data_ptr(), *runs, None if scales is None else scales.data_ptr(), blocks_per_scale,
-          mantissa_bits, min_exponent, max_value, OVERFLOW_KINDS[overflow], int(saturate), mode, threads())  # fmt: skip
-    return out
+    return _run("lb_ocp_scaled_f32", _RUNS + [POINTER, I64, INT, INT, FLOAT, INT, INT], x, rounding, *runs,
+                None if scales is None else scales.data_ptr(), blocks_per_scale, mantissa_bits, min_exponent,
+                max_value, OVERFLOW_KINDS[overflow], int(saturate))  # fmt: skip
 
 
 def ocp_columns(x: torch.Tensor, mantissa_bits: int, min_exponent: int, max_value: float, overflow: str,
                 saturate: bool, rounding: str) -> torch.Tensor | None:  # fmt: skip
     """s * element(x / s) with one derived f32 scale per index of the last dimension (x contiguous, 2-D or more);
     None where the kernel declines (directed and stochastic modes) or no library is loaded."""
-    entry = function("lb_ocp_columns_f32", [POINTER, POINTER, I64, I64, INT, INT, FLOAT, INT, INT, INT, INT], INT)
-    mode = ROUNDING_CODES.get(rounding)
-    if entry is None or mode is None:
-        return None
-    out = torch.empty_like(x)
     columns = x.shape[-1]
-    done = entry(x.data_ptr(), out.data_ptr(), x.numel() // columns, columns, mantissa_bits, min_exponent, max_value,
-                 OVERFLOW_KINDS[overflow], int(saturate), mode, threads())  # fmt: skip
-    return out if done else None
+    return _run("lb_ocp_columns_f32", [I64, I64, INT, INT, FLOAT, INT, INT], x, rounding, x.numel() // columns,
+                columns, mantissa_bits, min_exponent, max_value, OVERFLOW_KINDS[overflow], int(saturate))  # fmt: skip
 
 
 def mx(x: torch.Tensor, runs: tuple[int, int, int], mantissa_bits: int, element_min_exponent: int, emax: int,
        element_max: float, scale_rule: str, dtype_max: float, rounding: str) -> torch.Tensor | None:  # fmt: skip
     """MX blocks: E8M0 exponent by ``scale_rule``, elements saturating at the block limit under dtype_max."""
-    entry = function("lb_mx_f32", _GEOMETRY + [INT, INT, INT, FLOAT, INT, FLOAT, INT, INT])
-    mode = ROUNDING_CODES.get(rounding)
-    if entry is None or mode is None or mantissa_bits < 1:
+    if mantissa_bits < 1:
         return None
-    out = torch.empty_like(x)
-    entry(x.data_ptr(), out.data_ptr(), *runs, mantissa_bits, element_min_exponent, emax, element_max,
-          SCALE_RULES[scale_rule], dtype_max, mode, threads())  # fmt: skip
-    return out
+    return _run("lb_mx_f32", _RUNS + [INT, INT, INT, FLOAT, INT, FLOAT], x, rounding, *runs, mantissa_bits,
+                element_min_exponent, emax, element_max, SCALE_RULES[scale_rule], dtype_max)  # fmt: skip
 
 
 def block_fp(x: torch.Tensor, runs: tuple[int, int, int], mantissa_bits: int, min_exponent: int, max_exponent: int,
              top_code: float, in_float: bool, rounding: str) -> torch.Tensor | None:  # fmt: skip
     """block_fp blocks (in_float: the eager float32 path's arithmetic, else its float64 path's)."""
-    entry = function("lb_block_fp_f32", _GEOMETRY + [INT, INT, INT, DOUBLE, INT, INT, INT])
-    mode = ROUNDING_CODES.get(rounding)
-    if entry is None or mode is None:
-        return None
-    out = torch.empty_like(x)
-    entry(x.data_ptr(), out.data_ptr(), *runs, mantissa_bits, min_exponent, max_exponent, top_code, int(in_float),
-          mode, threads())  # fmt: skip
-    return out
+    return _run("lb_block_fp_f32", _RUNS + [INT, INT, INT, DOUBLE, INT], x, rounding, *runs, mantissa_bits,
+                min_exponent, max_exponent, top_code, int(in_float))  # fmt: skip
 
 
 def block_minifloat(x: torch.Tensor, runs: tuple[int, int, int], mantissa_bits: int, binades_below_top: int,
                     min_shared: int, max_shared: int, in_float: bool,
                     rounding: str) -> torch.Tensor | None:  # fmt: skip
     """block_minifloat blocks (in_float: the eager float32 path's arithmetic, else its float64 path's)."""
-    entry = function("lb_block_minifloat_f32", _GEOMETRY + [INT, INT, INT, INT, INT, INT, INT])
-    mode = ROUNDING_CODES.get(rounding)
-    if entry is None or mode is None:
-        return None
-    out = torch.empty_like(x)
-    entry(x.data_ptr(), out.data_ptr(), *runs, mantissa_bits, binades_below_top, min_shared, max_shared,
-          int(in_float), mode, threads())  # fmt: skip
-    return out
+    return _run("lb_block_minifloat_f32", _RUNS + [INT, INT, INT, INT, INT], x, rounding, *runs, mantissa_bits,
+                binades_below_top, min_shared, max_shared, int(in_float))  # fmt: skip
 
 
 def block_log(x: torch.Tensor, runs: tuple[int, int, int], top_code: int, max_bias: int, log_domain: bool,
               below_sqrt2: float, rounding: str) -> torch.Tensor | None:  # fmt: skip
     """block_log blocks: bias from the block's finite |max|, elements by log.round_to_power_of_two."""
-    entry = function("lb_block_log_f32", _GEOMETRY + [INT, INT, INT, FLOAT, INT, INT])
-    mode = ROUNDING_CODES.get(rounding)
-    if entry is None or mode is None:
-        return None
-    out = torch.empty_like(x)
-    entry(x.data_ptr(), out.data_ptr(), *runs, top_code, max_bias, int(log_domain), below_sqrt2, mode, threads())
-    return out
+    return _run("lb_block_log_f32", _RUNS + [INT, INT, INT, FLOAT], x, rounding, *runs, top_code, max_bias,
+                int(log_domain), below_sqrt2)

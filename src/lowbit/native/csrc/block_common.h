@@ -19,7 +19,7 @@ typedef struct {
     const float *x;
     float *out;
     int64_t row_length, block_length, blocks_per_row;
-    int streamed; /* out written past the cache (stream.h; set by run_blocks) */
+    int streamed; /* stream.h's lb_storage: out written past the cache, or halves (set by run_blocks) */
 } block_geometry;
 
 /* ---- exact helpers -------------------------------------------------------------------------------------- */
@@ -269,14 +269,17 @@ LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t leng
         const block_geometry geometry = (job)->geometry; \
         const int64_t full = (LENGTH) ? (LENGTH) : geometry.block_length; \
         int64_t first_index = (begin) / full, last_index = (end) / full; \
-        const int streamed_ = geometry.streamed && full <= LB_TILE; /* a group's blocks fit the tile */ \
+        /* streamed or halves where a group's blocks fit the tile (run_blocks declines halves otherwise) */ \
+        const int streamed_ = full <= LB_TILE ? geometry.streamed : 0; \
         int64_t per_group_ = streamed_ && full * LB_GROUP_BLOCKS > LB_TILE ? LB_TILE / full : LB_GROUP_BLOCKS; \
+        lb_source source_; \
         lb_sink sink_; \
+        lb_source_open(&source_, geometry.x, streamed_); \
         lb_sink_open(&sink_, geometry.out, streamed_); \
         if (geometry.row_length % full == 0) { \
             for (int64_t group = first_index; group < last_index; group += per_group_) { \
                 int64_t count = last_index - group < per_group_ ? last_index - group : per_group_; \
-                const float *group_x = geometry.x + group * full; \
+                const float *group_x = lb_source_at(&source_, group * full, count * full); \
                 float *group_out = lb_sink_next(&sink_, group * full, count * full); \
                 PARAM params_[LB_GROUP_BLOCKS]; \
                 GROUP(job, group, group_x, count, full, params_, MODE); \
@@ -288,7 +291,7 @@ LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t leng
             for (int64_t index = first_index; index < last_index; index++) { \
                 int64_t start = column * full, length = geometry.row_length - start; \
                 length = length < full ? length : full; \
-                const float *block_x = geometry.x + row * geometry.row_length + start; \
+                const float *block_x = lb_source_at(&source_, row * geometry.row_length + start, length); \
                 float *block_out = lb_sink_next(&sink_, row * geometry.row_length + start, length); \
                 if ((LENGTH) && length == full) \
                     LB_STAT_APPLY(job, index, block_x, block_out, full, PARAM, STAT, APPLY, MODE); \
@@ -300,13 +303,17 @@ LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t leng
     } while (0)
 
 /* lb_parallel counts elements (it threads from 2^20 of them): each block counts as block_length units, so
- * every chunk boundary is a whole block. */
-static inline void run_blocks(block_geometry *geometry, int64_t rows, int threads, lb_range_fn fn,
-                              const void *job) {
+ * every chunk boundary is a whole block. `half` (1 bfloat16, 2 float16; 0 float32): x and out hold halves,
+ * taken for blocks of at most a tile (LB_BLOCKS_OF widens and narrows a group's blocks at once); returns 0,
+ * doing nothing, for longer ones. */
+static inline int run_blocks(block_geometry *geometry, int64_t rows, int half, int threads, lb_range_fn fn,
+                             const void *job) {
+    if (half && geometry->block_length > LB_TILE) return 0;
     int64_t blocks = rows * geometry->blocks_per_row;
-    geometry->streamed = lb_streams(rows * geometry->row_length, threads);
+    geometry->streamed = lb_storage(rows * geometry->row_length, threads, half);
     int64_t grain = geometry->block_length >= 4096 ? 1 : 4096 / geometry->block_length;
     lb_parallel(blocks * geometry->block_length, grain * geometry->block_length, threads, fn, job);
+    return 1;
 }
 
 #define LB_FLOAT32_TINY 1.17549435e-38f

@@ -203,11 +203,11 @@ static void block_log_range(const void *context, int64_t begin, int64_t end) {
 }
 
 /* top_code: 2^(W-1) - 1; max_bias: 2^Bw - 1; below_sqrt2 is read under log_domain with a nearest mode. */
-void lb_block_log_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
-                      int top_code, int max_bias, int log_domain, float below_sqrt2, int mode, int threads) {
+int lb_block_log_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
+                      int top_code, int max_bias, int log_domain, float below_sqrt2, int mode, int half, int threads) {
     int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
     block_log_job job = {{x, out, row_length, block_length, blocks_per_row, 0}, top_code, max_bias, log_domain, mode,
                          below_sqrt2};
-    run_blocks(&job.geometry, rows, threads, block_log_range, &job);
+    return run_blocks(&job.geometry, rows, half, threads, block_log_range, &job);
 }
 

@@ -167,9 +167,9 @@ static void scaled_range(const void *context, int64_t begin, int64_t end) {
 
 /* Scaled OCP elements over `rows` rows of row_length floats in blocks of block_length; scales: NULL (each
  * block derives its f32 scale, clamp_inf as _quantize_block) or one given scale per blocks_per_scale blocks. */
-void lb_ocp_scaled_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
+int lb_ocp_scaled_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
                        const float *scales, int64_t blocks_per_scale, int mantissa_bits, int min_exponent,
-                       float max_value, int overflow_kind, int saturate, int mode, int threads) {
+                       float max_value, int overflow_kind, int saturate, int mode, int half, int threads) {
     int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
     scaled_job job = {{x, out, row_length, block_length, blocks_per_row, 0},
                       make_element(mantissa_bits, min_exponent, max_value, overflow_kind, saturate, mode),
@@ -177,7 +177,7 @@ void lb_ocp_scaled_f32(const float *x, float *out, int64_t rows, int64_t row_len
                       mode, mode == LB_UP || mode == LB_DOWN || mode == LB_TOWARD_ZERO || mode == LB_AWAY_FROM_ZERO,
                       mode == LB_UP || mode == LB_DOWN || mode == LB_TOWARD_ZERO, scales == NULL, scales,
                       blocks_per_scale > 0 ? blocks_per_scale : 1};
-    run_blocks(&job.geometry, rows, threads, scaled_range, &job);
+    return run_blocks(&job.geometry, rows, half, threads, scaled_range, &job);
 }
 
 
@@ -189,24 +189,29 @@ typedef struct {
     int32_t *parts; /* [parts][columns]: each part's largest finite magnitude bits per column */
     float *scales;
     ocp_element element;
-    int mode, streamed, clamp_inf;
+    int mode, streamed, clamp_inf; /* streamed: stream.h's lb_storage */
 } column_job;
 
 static void column_maxima(const void *context, int64_t begin, int64_t end) { /* begin, end: elements, whole parts */
     const column_job *job = context;
     int64_t columns = job->columns;
+    lb_source source;
+    lb_source_open(&source, job->x, job->streamed);
     for (int64_t first = begin / columns; first < end / columns; first += job->part_rows) {
         int64_t stop = first + job->part_rows < end / columns ? first + job->part_rows : end / columns;
-        int32_t *restrict largest = job->parts + (first / job->part_rows) * columns;
-        for (int64_t k = 0; k < columns; k++) largest[k] = 0;
-        for (int64_t row = first; row < stop; row++) {
-            const float *restrict x = job->x + row * columns;
-            for (int64_t k = 0; k < columns; k++) { /* finite magnitudes only (NaN and inf count as 0) */
-                int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
-                magnitude = magnitude <= 0x7f7fffff ? magnitude : 0;
-                largest[k] = magnitude > largest[k] ? magnitude : largest[k];
+        int32_t *restrict part = job->parts + (first / job->part_rows) * columns;
+        for (int64_t k = 0; k < columns; k++) part[k] = 0;
+        for (int64_t row = first; row < stop; row++)
+            for (int64_t column = 0, n; column < columns; column += n) { /* a tile at most, for halves */
+                n = columns - column < LB_TILE ? columns - column : LB_TILE;
+                const float *restrict x = lb_source_at(&source, row * columns + column, n);
+                int32_t *restrict largest = part + column;
+                for (int64_t k = 0; k < n; k++) { /* finite magnitudes only (NaN and inf count as 0) */
+                    int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
+                    magnitude = magnitude <= 0x7f7fffff ? magnitude : 0;
+                    largest[k] = magnitude > largest[k] ? magnitude : largest[k];
+                }
             }
-        }
     }
 }
 
@@ -235,12 +240,14 @@ static void column_span(const column_job *job, const float *restrict x, float *r
 
 static void column_elements(const void *context, int64_t begin, int64_t end) { /* begin, end: whole rows */
     const column_job *job = context;
+    lb_source source;
     lb_sink sink;
+    lb_source_open(&source, job->x, job->streamed);
     lb_sink_open(&sink, job->out, job->streamed);
     for (int64_t at = begin, n; at < end; at += n) {
         int64_t column = at % job->columns;
         n = lb_sink_span(&sink, job->columns - column);
-        column_span(job, job->x + at, lb_sink_next(&sink, at, n), n, column);
+        column_span(job, lb_source_at(&source, at, n), lb_sink_next(&sink, at, n), n, column);
     }
     lb_sink_close(&sink);
 }
@@ -248,16 +255,17 @@ static void column_elements(const void *context, int64_t begin, int64_t end) { /
 /* Scaled OCP elements with one derived f32 scale per column of x viewed as [rows, columns] (per channel along
  * the last dimension): the columns' finite maxima over every row, ocp_float.covering_scale, then the elements.
  * Nearest modes only (the directed ones adjust against the grid and, some, the scale): 0 declines, as where
- * memory is short; the caller then runs the eager path. */
+ * memory is short; the caller then runs the eager path. half: as run_blocks. */
 int lb_ocp_columns_f32(const float *x, float *out, int64_t rows, int64_t columns, int mantissa_bits,
-                       int min_exponent, float max_value, int overflow_kind, int saturate, int mode, int threads) {
+                       int min_exponent, float max_value, int overflow_kind, int saturate, int mode, int half,
+                       int threads) {
     if (mode != LB_NEAREST_EVEN && mode != LB_NEAREST_AWAY && mode != LB_NEAREST_TOWARD_ZERO && mode != LB_NEAREST_UP &&
         mode != LB_NEAREST_DOWN)
         return 0;
     int64_t part_rows = (rows + 63) / 64, parts = (rows + part_rows - 1) / part_rows;
     column_job job = {x, out, rows, columns, part_rows, NULL, NULL,
                       make_element(mantissa_bits, min_exponent, max_value, overflow_kind, saturate, mode), mode,
-                      lb_streams(rows * columns, threads), 0};
+                      lb_storage(rows * columns, threads, half), 0};
     char *memory = malloc((size_t)columns * (sizeof(int32_t) * (size_t)parts + sizeof(float)));
     if (!memory) return 0;
     job.parts = (int32_t *)memory, job.scales = (float *)(job.parts + parts * columns);

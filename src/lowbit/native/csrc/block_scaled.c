@@ -96,13 +96,13 @@ static void mx_range(const void *context, int64_t begin, int64_t end) {
 }
 
 /* rule: 0 floor, 1 ceil, 2 even; dtype_max: the output dtype's largest finite value; mantissa_bits >= 1. */
-void lb_mx_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
+int lb_mx_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
                int mantissa_bits, int element_min_exponent, int emax, float element_max, int rule, float dtype_max,
-               int mode, int threads) {
+               int mode, int half, int threads) {
     int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
     mx_job job = {{x, out, row_length, block_length, blocks_per_row, 0}, mantissa_bits, element_min_exponent, emax,
                   rule, mode, element_max, dtype_max};
-    run_blocks(&job.geometry, rows, threads, mx_range, &job);
+    return run_blocks(&job.geometry, rows, half, threads, mx_range, &job);
 }
 
 /* ---- block_fp: integer codes times 2^(e - M + 1) per block ------------------------------------------- */
@@ -204,13 +204,13 @@ static void block_fp_range(const void *context, int64_t begin, int64_t end) {
 }
 
 /* in_float: the eager float32 path applies (nearest mode, M <= 23, smallest step >= 2^-149). */
-void lb_block_fp_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
+int lb_block_fp_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
                      int mantissa_bits, int min_exponent, int max_exponent, double top_code, int in_float, int mode,
-                     int threads) {
+                     int half, int threads) {
     int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
     block_fp_job job = {{x, out, row_length, block_length, blocks_per_row, 0}, mantissa_bits, min_exponent,
                         max_exponent, in_float, mode, top_code, (float)top_code};
-    run_blocks(&job.geometry, rows, threads, block_fp_range, &job);
+    return run_blocks(&job.geometry, rows, half, threads, block_fp_range, &job);
 }
 
 /* ---- block_minifloat: minifloat elements whose top binade t is shared per block ---------------------- */
@@ -305,12 +305,12 @@ static void block_minifloat_range(const void *context, int64_t begin, int64_t en
 
 /* binades_below_top: 2^E - 2; in_float: the eager float32 path applies (nearest mode, M <= 22, smallest
  * step >= 2^-149). */
-void lb_block_minifloat_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
+int lb_block_minifloat_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
                             int mantissa_bits, int binades_below_top, int min_shared, int max_shared, int in_float,
-                            int mode, int threads) {
+                            int mode, int half, int threads) {
     int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
     block_minifloat_job job = {{x, out, row_length, block_length, blocks_per_row, 0}, mantissa_bits,
                                binades_below_top, min_shared, max_shared, in_float, mode};
-    run_blocks(&job.geometry, rows, threads, block_minifloat_range, &job);
+    return run_blocks(&job.geometry, rows, half, threads, block_minifloat_range, &job);
 }
 
