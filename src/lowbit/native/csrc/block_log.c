@@ -208,6 +208,6 @@ int lb_block_log_f32(const float *x, float *out, int64_t rows, int64_t row_lengt
     int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
     block_log_job job = {{x, out, row_length, block_length, blocks_per_row, 0}, top_code, max_bias, log_domain, mode,
                          below_sqrt2};
-    return run_blocks(&job.geometry, rows, half, threads, block_log_range, &job);
+    return run_blocks(&job.geometry, rows, half, threads, block_log_range, &job, sizeof job);
 }
 

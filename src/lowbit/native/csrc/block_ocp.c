@@ -177,7 +177,7 @@ int lb_ocp_scaled_f32(const float *x, float *out, int64_t rows, int64_t row_leng
                       mode, mode == LB_UP || mode == LB_DOWN || mode == LB_TOWARD_ZERO || mode == LB_AWAY_FROM_ZERO,
                       mode == LB_UP || mode == LB_DOWN || mode == LB_TOWARD_ZERO, scales == NULL, scales,
                       blocks_per_scale > 0 ? blocks_per_scale : 1};
-    return run_blocks(&job.geometry, rows, half, threads, scaled_range, &job);
+    return run_blocks(&job.geometry, rows, half, threads, scaled_range, &job, sizeof job);
 }
 
 

@@ -102,7 +102,7 @@ int lb_mx_f32(const float *x, float *out, int64_t rows, int64_t row_length, int6
     int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
     mx_job job = {{x, out, row_length, block_length, blocks_per_row, 0}, mantissa_bits, element_min_exponent, emax,
                   rule, mode, element_max, dtype_max};
-    return run_blocks(&job.geometry, rows, half, threads, mx_range, &job);
+    return run_blocks(&job.geometry, rows, half, threads, mx_range, &job, sizeof job);
 }
 
 /* ---- block_fp: integer codes times 2^(e - M + 1) per block ------------------------------------------- */
@@ -210,7 +210,7 @@ int lb_block_fp_f32(const float *x, float *out, int64_t rows, int64_t row_length
     int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
     block_fp_job job = {{x, out, row_length, block_length, blocks_per_row, 0}, mantissa_bits, min_exponent,
                         max_exponent, in_float, mode, top_code, (float)top_code};
-    return run_blocks(&job.geometry, rows, half, threads, block_fp_range, &job);
+    return run_blocks(&job.geometry, rows, half, threads, block_fp_range, &job, sizeof job);
 }
 
 /* ---- block_minifloat: minifloat elements whose top binade t is shared per block ---------------------- */
@@ -311,6 +311,6 @@ int lb_block_minifloat_f32(const float *x, float *out, int64_t rows, int64_t row
     int64_t blocks_per_row = (row_length + block_length - 1) / block_length;
     block_minifloat_job job = {{x, out, row_length, block_length, blocks_per_row, 0}, mantissa_bits,
                                binades_below_top, min_shared, max_shared, in_float, mode};
-    return run_blocks(&job.geometry, rows, half, threads, block_minifloat_range, &job);
+    return run_blocks(&job.geometry, rows, half, threads, block_minifloat_range, &job, sizeof job);
 }
 
