@@ -1,7 +1,8 @@
-"""Block kernels over bfloat16 / float16 storage (csrc/block_common.h: a group of blocks widened into one float32
-tile, computed, narrowed): the same bits as the eager path (float32 arithmetic, then backend.saturating_cast) for
-every 16-bit input in order and shuffled (blocks of NaN, inf, subnormals, mixed magnitudes), in every
-deterministic mode, in rows of whole blocks and rows with short last blocks, on several threads; blocks longer
+"""Block kernels and affine rows / given channels over bfloat16 / float16 storage (csrc/stream.h's
+lb_half_tiles_range: runs of whole blocks or rows widened into one float32 tile, computed, narrowed): the same
+bits as the eager path (float32 arithmetic, then backend.saturating_cast) for every 16-bit input in order and
+shuffled (blocks of NaN, inf, subnormals, mixed magnitudes), in every deterministic mode, in rows of whole
+blocks and rows with short last blocks, on several threads; blocks longer
 than a tile decline halves and take the float32 route."""
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ BLOCK_FORMATS = [
     ("e5m2", {"axis": -1}),  # a scale per column (its own kernel; nearest modes)
     ("e4m3", {"scale": 0.25}), ("e2m1", {"scale": tuple(2.0 ** (k % 7 - 3) for k in range(32)), "axis": 0}),
     ("block_fp", {"block_size": [1, 7]}),  # blocks that cut across the groups' tiles unevenly
+    ("q4s", {"block_size": [1, 32], "scale_dtype": "bf16"}),  # affine blocks of rows
+    ("affine", {"bits": 4, "block_size": [1, 32], "power_of_two": True}),
+    ("affine", {"bits": 5, "block_size": [1, 24]}),  # blocks not a multiple of 16 (row_range)
+    ("affine", {"bits": 4, "symmetric": True, "axis": 0}),  # a block per row
 ]  # fmt: skip
 
 
@@ -57,7 +62,8 @@ def test_every_half_input_gives_the_eager_bits(name, params, dtype):
         spec = lowbit.get_format(name)(**variant)
         for x in layouts(dtype):
             if spec._native(x.float(), x.dtype) is None:
-                assert name == "e5m2" and variant.get("rounding", "nearest").startswith(("up", "down", "toward", "away"))
+                directed = variant.get("rounding", "nearest").startswith(("up", "down", "toward", "away"))
+                assert name == "e5m2" and directed
                 continue  # per column, a directed mode: no kernel in float32 either (eager both ways)
             assert_native_half_equals_eager(spec, x)
 
@@ -67,12 +73,15 @@ def test_every_half_input_gives_the_eager_bits(name, params, dtype):
 def test_groups_and_tiles_on_several_threads(dtype, shape, several_threads):
     rows, columns = shape
     x = every_pattern(dtype).repeat(rows * columns // 65536 + 1)
-    x = x[torch.randperm(len(x), generator=torch.Generator().manual_seed(columns))][: rows * columns].view(rows, columns)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(columns))
+    x = x[order][: rows * columns].view(rows, columns)
     for name, params in BLOCK_FORMATS:
         spec = lowbit.get_format(name)(**params)
         if name == "e2m1" and "scale" in params and rows != 32:
             spec = lowbit.get_format(name)(scale=0.5)
-        if params == {"axis": 0} and columns > 2048:  # a block per row, longer than a tile
+        affine_rows = "block_size" in params and name in ("q4s", "affine")
+        rows_at_once = affine_rows or (params.get("axis") == 0 and "scale" not in params)
+        if rows_at_once and columns > 2048:  # these kernels widen whole rows: none past a tile
             assert spec._native(x, dtype) is None
             continue
         assert_native_half_equals_eager(spec, x)
@@ -87,3 +96,13 @@ def test_blocks_longer_than_a_tile_go_through_float32(dtype):
     assert spec._native(x.float(), dtype) is not None
     want, got = eager_and_native(spec, x)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("shape", "axis"), [((4096, 16), 1), ((64, 16, 64), 1)], ids=str)
+def test_affine_given_per_channel(dtype, shape, axis):
+    """Given scales and zero points per channel: slices of [channels, inner] of at most a tile at a time."""
+    scales, zero_points = tuple(0.01 * (k + 1) for k in range(16)), tuple(k - 8 for k in range(16))
+    x = every_pattern(dtype)[torch.randperm(65536, generator=torch.Generator().manual_seed(6))].view(shape)
+    for variant in rounding_variants({"bits": 8, "scale": scales, "zero_point": zero_points, "axis": axis}, "affine"):
+        assert_native_half_equals_eager(lowbit.get_format("affine")(**variant), x)

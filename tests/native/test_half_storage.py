@@ -70,15 +70,16 @@ def test_partial_tiles_on_several_threads(dtype, length, several_threads):
         assert_native_half_equals_eager(lowbit.get_format(name)(**params), x.view(1, -1))
 
 
-def test_affine_per_channel_keeps_the_float32_route():
-    assert not lowbit.get_format("affine")(bits=8, axis=0)._native_takes_halves()
-
-
-@pytest.mark.parametrize("params", [{"bits": 8, "skip_first_dim": True}, {"bits": 8, "scale": (0.1, 0.2), "axis": 1}])
-def test_affine_in_other_layouts_goes_through_float32(params):
-    """The kernel declines halves outside per-tensor layouts; the backend then widens x and narrows the result."""
+@pytest.mark.parametrize(("params", "shape"), [
+    ({"bits": 8, "axis": 1}, (6, 2, 40)),  # a channel of an inner dimension: statistics across rows
+    ({"bits": 4, "block_size": [1, 32]}, (3, 4096)),  # rows longer than a tile
+    ({"bits": 8, "scale": (0.1, 0.2, 0.3), "axis": 1}, (2, 3, 1000)),  # given per channel: slices past a tile
+], ids=str)  # fmt: skip
+def test_affine_in_other_layouts_goes_through_float32(params, shape):
+    """The kernel declines halves there; the backend then widens x and narrows the float32 kernel's result."""
     spec = lowbit.get_format("affine")(**params)
-    x = (torch.randn(6, 2, 40, generator=torch.Generator().manual_seed(2)) * 4).bfloat16()
-    want, got = eager_and_native(spec, x)
+    x = (torch.randn(*shape, generator=torch.Generator().manual_seed(2)) * 4).bfloat16()
+    assert spec._native(x, x.dtype) is None
     assert spec._native(x.float(), x.dtype) is not None  # the float32 kernel runs there
+    want, got = eager_and_native(spec, x)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))

@@ -338,6 +338,20 @@ static int channel_pass(affine_job *job, int64_t outer, int threads) {
     return 1;
 }
 
+/* fn over [0, n) in units of `unit` elements (whole rows, whole slices); over halves through stream.h's
+ * lb_half_tiles_range, for units of at most a tile (0 otherwise, nothing written). */
+static int units_parallel(affine_job *job, int64_t n, int64_t unit, int threads, lb_range_fn fn) {
+    if (job->streamed >= 0) {
+        lb_parallel(n, unit, threads, fn, job);
+        return 1;
+    }
+    int usable;
+    lb_half_tiles plan = lb_half_tiles_of(fn, job, sizeof *job, &job->x, &job->out, &job->streamed, unit, 1, unit,
+                                          &usable);
+    if (usable) lb_parallel(n, unit, threads, lb_half_tiles_range, &plan);
+    return usable;
+}
+
 /* Given parameters: the spec's scales (raw float32 values, rounded here as Affine._given_parameters does) and
  * zero points, each one value or one per channel of [outer, channels, inner]. */
 static int given_pass(affine_job *job, int64_t outer, int threads) {
@@ -357,29 +371,29 @@ static int given_pass(affine_job *job, int64_t outer, int threads) {
     }
     job->tensor = job->params[0];
     int64_t slice = job->channels * job->inner;
+    int done = 1;
     if (job->channels == 1) lb_parallel(outer * slice, 64, threads, tensor_range, job);
-    else lb_parallel(outer * slice, slice, threads, channel_range, job);
+    else done = units_parallel(job, outer * slice, slice, threads, channel_range);
     free(memory);
-    return 1;
+    return done;
 }
 
 /* Affine quantization of x (float32, n elements) into out. layout TENSOR: min-max over all d0 elements; ROWS:
  * d0 rows of d1 elements, min-max per block of d2 along each row; CHANNELS: [d0, d1, d2], min-max per index of
  * d1; GIVEN: [d0, d1, d2] with the spec's scales and zero points (one, or one per index of d1). half (1
- * bfloat16, 2 float16): x and out hold halves, for TENSOR and a GIVEN single channel only. Returns 0 where
- * memory ran out or halves come with another layout (nothing written: the caller falls back), else 1. */
+ * bfloat16, 2 float16): x and out hold halves, in every layout but CHANNELS, for rows (ROWS) and slices of
+ * d1 x d2 (GIVEN per channel) of at most a tile. Returns 0 where memory ran out or halves come with another
+ * layout (nothing written: the caller falls back), else 1. */
 int lb_affine_f32(const float *x, float *out, int layout, int64_t d0, int64_t d1, int64_t d2,
                   const lb_affine_spec *spec, int half, int threads) {
     affine_job job = {x, out, d1, d2, d1, d2, NULL, NULL, NULL, NULL, 1, {1.0f, 1.0f, 0.0f, 1}, spec, NULL, 0};
-    if (half && layout != LAYOUT_TENSOR && !(layout == LAYOUT_GIVEN && d1 == 1)) return 0;
+    if (half && layout == LAYOUT_CHANNELS) return 0;
     job.streamed = lb_storage(layout == LAYOUT_TENSOR ? d0 : (layout == LAYOUT_ROWS ? d0 * d1 : d0 * d1 * d2), threads,
                               half);
     switch (layout) {
     case LAYOUT_TENSOR: return tensor_pass(&job, d0, threads);
-    case LAYOUT_ROWS:
-        if (d2 % 16 == 0 && d1 % d2 == 0) lb_parallel(d0 * d1, d1, threads, whole_block_range, &job);
-        else lb_parallel(d0 * d1, d1, threads, row_range, &job);
-        return 1;
+    case LAYOUT_ROWS: /* rows of d1, blocks of d2 */
+        return units_parallel(&job, d0 * d1, d1, threads, d2 % 16 == 0 && d1 % d2 == 0 ? whole_block_range : row_range);
     case LAYOUT_CHANNELS: return channel_pass(&job, d0, threads);
     default: return given_pass(&job, d0, threads);
     }

@@ -299,58 +299,20 @@ LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t leng
         lb_sink_close(&sink_); \
     } while (0)
 
-/* ---- bfloat16 / float16 storage ----------------------------------------------------------------------- */
-/* A kernel's range function over halves: it runs, unchanged, on float32 tiles. Runs of whole blocks of at most
- * a tile are widened into one, the range function computes them into another as if x and out were float32
- * tensors placed there, and the result is narrowed into out (half.h). The float32 code is the same as for a
- * float32 tensor (a widening inside its group loop made the float32 path up to 9 % slower). */
-typedef struct {
-    lb_range_fn fn;
-    const void *job;
-    size_t job_size, geometry_at; /* the job's size, and where its block_geometry sits in it */
-} half_blocks;
-
-#define LB_JOB_MAX 256 /* bytes: every block kernel's job is smaller */
-
-static inline int64_t block_start(const block_geometry *geometry, int64_t index) { /* a block's first element */
-    return index / geometry->blocks_per_row * geometry->row_length + index % geometry->blocks_per_row * geometry->block_length;
-}
-
-static void half_blocks_range(const void *context, int64_t begin, int64_t end) {
-    const half_blocks *halves = context;
-    const block_geometry *geometry = (const block_geometry *)((const char *)halves->job + halves->geometry_at);
-    int64_t full = geometry->block_length, per_tile = LB_TILE / full;
-    int kind = lb_half_kind(geometry->streamed);
-    _Alignas(64) char job[LB_JOB_MAX];
-    float wide[LB_TILE] __attribute__((aligned(64))), result[LB_TILE] __attribute__((aligned(64)));
-    memcpy(job, halves->job, halves->job_size);
-    block_geometry *local = (block_geometry *)(job + halves->geometry_at);
-    local->streamed = 0;
-    for (int64_t first = begin / full, last = end / full, stop; first < last; first = stop) {
-        stop = last - first < per_tile ? last : first + per_tile;
-        int64_t from = block_start(geometry, first), to = block_start(geometry, stop); /* blocks tile the rows */
-        lb_widen_halves((const uint16_t *)(const void *)geometry->x + from, wide, to - from, kind);
-        /* x and out as seen from element `from`: the tiles hold x[from, to) and out[from, to) */
-        local->x = (const float *)(uintptr_t)((uintptr_t)wide - (uintptr_t)from * sizeof(float));
-        local->out = (float *)(uintptr_t)((uintptr_t)result - (uintptr_t)from * sizeof(float));
-        halves->fn(job, first * full, stop * full);
-        lb_narrow_halves(result, (uint16_t *)(void *)geometry->out + from, to - from, kind);
-    }
-}
-
 /* lb_parallel counts elements (it threads from 2^20 of them): each block counts as block_length units, so
  * every chunk boundary is a whole block. `half` (1 bfloat16, 2 float16; 0 float32): x and out hold halves,
- * taken for blocks of at most a tile (half_blocks_range); returns 0, doing nothing, for longer ones. `job`
- * (job_size bytes) holds `geometry`. */
+ * taken for blocks of at most a tile (stream.h's lb_half_tiles_range runs fn on float32 tiles); returns 0,
+ * doing nothing, for longer ones. `job` (job_size bytes) holds `geometry`. */
 static inline int run_blocks(block_geometry *geometry, int64_t rows, int half, int threads, lb_range_fn fn,
                              const void *job, size_t job_size) {
-    if (half && (geometry->block_length > LB_TILE || job_size > LB_JOB_MAX)) return 0;
-    int64_t blocks = rows * geometry->blocks_per_row;
+    int64_t blocks = rows * geometry->blocks_per_row, full = geometry->block_length;
+    int usable;
     geometry->streamed = lb_storage(rows * geometry->row_length, threads, half);
-    int64_t grain = geometry->block_length >= 4096 ? 1 : 4096 / geometry->block_length;
-    half_blocks halves = {fn, job, job_size, (size_t)((const char *)geometry - (const char *)job)};
-    lb_parallel(blocks * geometry->block_length, grain * geometry->block_length, threads,
-                half ? half_blocks_range : fn, half ? (const void *)&halves : job);
+    lb_half_tiles plan = lb_half_tiles_of(fn, job, job_size, &geometry->x, &geometry->out, &geometry->streamed, full,
+                                          geometry->blocks_per_row, geometry->row_length, &usable);
+    if (half && !usable) return 0;
+    int64_t grain = full >= 4096 ? 1 : 4096 / full;
+    lb_parallel(blocks * full, grain * full, threads, half ? lb_half_tiles_range : fn, half ? (const void *)&plan : job);
     return 1;
 }
 

@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 #include <string.h>
+#include "common.h"
 #include "half.h"
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -149,6 +150,62 @@ static inline const float *lb_source_at(lb_source *source, int64_t at, int64_t n
     if (source->storage >= 0) return source->x + at;
     lb_widen_halves((const uint16_t *)(const void *)source->x + at, source->tile, n, lb_half_kind(source->storage));
     return source->tile;
+}
+
+/* A range function written for float32 tensors, run over halves: [begin, end) counts `unit`-element units
+ * (blocks of rows, rows); unit i starts at element i / per_row * row_length + i % per_row * unit (units tile
+ * the rows, the last of a row maybe shorter). Runs of whole units of at most a tile are widened into a float32
+ * tile, the range function computes them into another on a copy of its job whose x, out and storage say "these
+ * tiles, float32", and the result is narrowed into out (half.h). The float32 code runs unchanged (a widening
+ * inside a kernel's own loops made its float32 path slower). */
+#define LB_JOB_MAX 256 /* bytes: the largest job a range function may have here */
+
+typedef struct {
+    lb_range_fn fn;
+    const void *job;
+    size_t job_size, x_at, out_at, storage_at; /* where the job keeps x, out and its storage (lb_storage) */
+    const uint16_t *x;
+    uint16_t *out;
+    int64_t unit, per_row, row_length;
+    int kind;
+} lb_half_tiles;
+
+/* The plan for fn over `job` (job_size bytes, holding x, out and storage at those addresses), or 0 in
+ * `usable` where a unit is longer than a tile or the job too large. */
+static inline lb_half_tiles lb_half_tiles_of(lb_range_fn fn, const void *job, size_t job_size, const float *const *x,
+                                             float *const *out, const int *storage, int64_t unit, int64_t per_row,
+                                             int64_t row_length, int *usable) {
+    const char *base = (const char *)job;
+    lb_half_tiles plan = {fn, job, job_size, (size_t)((const char *)x - base), (size_t)((const char *)out - base),
+                          (size_t)((const char *)storage - base), (const uint16_t *)(const void *)*x,
+                          (uint16_t *)(void *)*out, unit, per_row, row_length, lb_half_kind(*storage)};
+    *usable = unit >= 1 && unit <= LB_TILE && job_size <= LB_JOB_MAX;
+    return plan;
+}
+
+static inline int64_t lb_unit_start(const lb_half_tiles *plan, int64_t index) {
+    return index / plan->per_row * plan->row_length + index % plan->per_row * plan->unit;
+}
+
+static inline void lb_half_tiles_range(const void *context, int64_t begin, int64_t end) {
+    const lb_half_tiles *plan = context;
+    int64_t unit = plan->unit, per_tile = LB_TILE / unit;
+    _Alignas(64) char job[LB_JOB_MAX];
+    float wide[LB_TILE] __attribute__((aligned(64))), result[LB_TILE] __attribute__((aligned(64)));
+    memcpy(job, plan->job, plan->job_size);
+    *(int *)(void *)(job + plan->storage_at) = 0;
+    for (int64_t first = begin / unit, last = end / unit, stop; first < last; first = stop) {
+        stop = last - first < per_tile ? last : first + per_tile;
+        int64_t from = lb_unit_start(plan, first), to = lb_unit_start(plan, stop);
+        lb_widen_halves(plan->x + from, wide, to - from, plan->kind);
+        /* x and out as seen from element `from`: the tiles hold x[from, to) and out[from, to) */
+        const float *x = (const float *)(uintptr_t)((uintptr_t)wide - (uintptr_t)from * sizeof(float));
+        float *out = (float *)(uintptr_t)((uintptr_t)result - (uintptr_t)from * sizeof(float));
+        memcpy(job + plan->x_at, &x, sizeof x);
+        memcpy(job + plan->out_at, &out, sizeof out);
+        plan->fn(job, first * unit, stop * unit);
+        lb_narrow_halves(result, plan->out + from, to - from, plan->kind);
+    }
 }
 
 /* An element-wise kernel's pass over [begin, end) of x into out: fn(job, x + at, where, n) on spans of at
