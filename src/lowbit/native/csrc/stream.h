@@ -212,8 +212,10 @@ static inline void lb_half_tiles_range(const void *context, int64_t begin, int64
  * most a tile (streamed, halves) or on the whole range at once. */
 typedef void (*lb_span_fn)(const void *job, const float *x, float *out, int64_t n);
 
-static inline void lb_spans(const void *job, const float *x, float *out, int storage, int64_t begin, int64_t end,
-                            lb_span_fn fn) {
+/* lb_spans over halves: each span widened through a source, computed, narrowed through the sink (out of line:
+ * the float32 pass keeps its own small frame). */
+static __attribute__((noinline, unused)) void lb_half_spans(const void *job, const float *x, float *out, int storage,
+                                                            int64_t begin, int64_t end, lb_span_fn fn) {
     lb_source source;
     lb_sink sink;
     lb_source_open(&source, x, storage);
@@ -221,6 +223,21 @@ static inline void lb_spans(const void *job, const float *x, float *out, int sto
     for (int64_t at = begin, n; at < end; at += n) {
         n = lb_sink_span(&sink, end - at);
         fn(job, lb_source_at(&source, at, n), lb_sink_next(&sink, at, n), n);
+    }
+    lb_sink_close(&sink);
+}
+
+static inline void lb_spans(const void *job, const float *x, float *out, int storage, int64_t begin, int64_t end,
+                            lb_span_fn fn) {
+    if (storage < 0) {
+        lb_half_spans(job, x, out, storage, begin, end, fn);
+        return;
+    }
+    lb_sink sink;
+    lb_sink_open(&sink, out, storage);
+    for (int64_t at = begin, n; at < end; at += n) {
+        n = lb_sink_span(&sink, end - at);
+        fn(job, x + at, lb_sink_next(&sink, at, n), n);
     }
     lb_sink_close(&sink);
 }
