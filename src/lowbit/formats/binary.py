@@ -140,6 +140,9 @@ class Binary(FormatSpec):
             return None
         return sign_log.binary(x, self.axis, self.bipolar, self.scaling_factor, self.alpha)
 
+    def _native_takes_halves(self) -> bool:
+        return True
+
     def _scale(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         """alpha per block: the least-squares scale of the signs this format will choose."""
         if self.bipolar:

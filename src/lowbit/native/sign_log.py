@@ -61,25 +61,27 @@ def ternary(x: torch.Tensor, axis: int | None, threshold: float | None, scaled: 
             alpha: tuple[float, ...] | None) -> torch.Tensor | None:  # fmt: skip
     """formats/ternary.py: ``threshold`` fixed (already a magnitude) or None (TWN: 0.75 mean |x| per group);
     the values +-alpha (given), +-TWN scale (``scaled``) or +-1."""
-    entry = kernels.function("lb_ternary_f32", [POINTER, POINTER, I64, I64, I64, INT, FLOAT, INT, POINTER, INT], INT)
+    entry = kernels.function("lb_ternary_f32", [POINTER, POINTER, I64, I64, I64, INT, FLOAT, INT, POINTER, INT, INT],
+                             INT)  # fmt: skip
     prepared = _grouped(entry, x, axis, alpha)
     if prepared is None:
         return None
     layout, given, out = prepared
     done = entry(x.data_ptr(), out.data_ptr(), *layout, int(threshold is not None), threshold or 0.0, int(scaled),
-                 _address(given), kernels.threads())  # fmt: skip
+                 _address(given), kernels.HALF_CODES[x.dtype], kernels.threads())  # fmt: skip
     return out if done else None
 
 
 def binary(x: torch.Tensor, axis: int | None, bipolar: bool, scaled: bool,
            alpha: tuple[float, ...] | None) -> torch.Tensor | None:  # fmt: skip
     """formats/binary.py, deterministic: +-1 / {0, 1}, scaled by the given alpha or the per-group mean."""
-    entry = kernels.function("lb_binary_f32", [POINTER, POINTER, I64, I64, I64, INT, INT, POINTER, INT], INT)
+    entry = kernels.function("lb_binary_f32", [POINTER, POINTER, I64, I64, I64, INT, INT, POINTER, INT, INT], INT)
     prepared = _grouped(entry, x, axis if scaled else None, alpha)
     if prepared is None:
         return None
     layout, given, out = prepared
-    done = entry(x.data_ptr(), out.data_ptr(), *layout, int(bipolar), int(scaled), _address(given), kernels.threads())
+    done = entry(x.data_ptr(), out.data_ptr(), *layout, int(bipolar), int(scaled), _address(given),
+                 kernels.HALF_CODES[x.dtype], kernels.threads())  # fmt: skip
     return out if done else None
 
 
@@ -88,7 +90,7 @@ def _grouped(entry, x: torch.Tensor, axis: int | None, alpha: tuple[float, ...] 
     None where the kernel does not apply (no library, an axis x lacks, an empty tensor, alphas matching no
     group count)."""
     layout = group_layout(x.shape, axis)
-    if entry is None or layout is None or x.numel() == 0:
+    if entry is None or layout is None or x.numel() == 0 or x.dtype not in kernels.HALF_CODES:
         return None
     given = None if alpha is None else _per_group(alpha, layout[1])
     if alpha is not None and given is None:

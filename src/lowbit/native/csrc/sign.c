@@ -17,6 +17,7 @@ typedef struct {
     element_job elements;
     int steps[3], selects[3], count;
     int windowed; /* TWN per tensor: its two means may come from one pass over x (sign_window.c) */
+    int storage;  /* stream.h's lb_storage: below 0, x and out hold halves (half_phase) */
     float *delta, *value, *mean;
 } sign_plan;
 
@@ -24,9 +25,46 @@ static void plan_start(sign_plan *plan, int phase) {
     if (plan->steps[phase] != STEP_ELEMENTS) lb_stats_start(&plan->stats, plan->selects[phase], plan->delta);
 }
 
+/* A phase over halves: tiles of x widened into float32 (within one piece for the statistics: a piece's slot
+ * takes the tile's sums), the float32 range functions run on copies of the jobs that see the tile, the
+ * elements narrowed into out. A statistic's terms pass through one more addition a tile (extra_depth). With a
+ * group per column, statistics tiles hold whole blocks of 8 rows where they fit (sign_stats.c sums 8 rows at
+ * a time, and a row split between tiles goes element by element). */
+#define HALF_ROWS_TILE (4 * LB_TILE)
+static void half_phase(const sign_plan *plan, int64_t begin, int64_t end, int phase) {
+    float wide[HALF_ROWS_TILE] __attribute__((aligned(64))), result[LB_TILE] __attribute__((aligned(64)));
+    int elements = plan->steps[phase] == STEP_ELEMENTS, kind = lb_half_kind(plan->storage);
+    stats_job stats = plan->stats;
+    element_job job = plan->elements;
+    const uint16_t *x = (const uint16_t *)(const void *)plan->elements.x;
+    uint16_t *out = (uint16_t *)(void *)plan->elements.out;
+    int64_t groups = job.groups, rows = groups > 1 && job.inner == 1 ? 8 * groups : 0, tile = LB_TILE;
+    if (!elements && rows) tile = rows <= HALF_ROWS_TILE ? HALF_ROWS_TILE / rows * rows : LB_TILE;
+    job.streamed = 0;
+    for (int64_t from = begin, to; from < end; from = to) {
+        to = end - from < tile ? end : from + tile;
+        if (!elements && to > (from / stats.piece + 1) * stats.piece) to = (from / stats.piece + 1) * stats.piece;
+        lb_widen_halves(x + from, wide, to - from, kind);
+        /* x and out as seen from element `from`: the tiles hold x[from, to) and out[from, to) */
+        const float *seen = (const float *)(uintptr_t)((uintptr_t)wide - (uintptr_t)from * sizeof(float));
+        if (elements) {
+            job.x = seen, job.out = (float *)(uintptr_t)((uintptr_t)result - (uintptr_t)from * sizeof(float));
+            lb_sign_element_range(&job, from, to);
+            lb_narrow_halves(result, out + from, to - from, kind);
+        } else {
+            stats.x = seen;
+            lb_stats_range(&stats, from, to);
+        }
+    }
+}
+
 static void plan_phase(void *context, int64_t begin, int64_t end, int phase) {
     sign_plan *plan = context;
     const stats_window *window = &plan->stats.window;
+    if (plan->storage < 0) {
+        half_phase(plan, begin, end, phase);
+        return;
+    }
     if (plan->steps[phase] == STEP_ELEMENTS) lb_sign_element_range(&plan->elements, begin, end);
     else if (window->high && phase == 0) lb_window_range(&plan->stats, begin, end); /* TWN's delta, with the window */
     else if (window->served) lb_window_resolve(&plan->stats, begin, end);            /* its scale from the window */
@@ -53,15 +91,18 @@ static void plan_add(sign_plan *plan, int step, int select) {
 }
 
 /* Runs the plan's steps (the element pass added last) over x; frees what it allocated. */
-static int plan_run(sign_plan *plan, int64_t outer, int64_t groups, int64_t inner, int threads) {
+static int plan_run(sign_plan *plan, int64_t outer, int64_t groups, int64_t inner, int half, int threads) {
     int64_t n = outer * groups * inner, grain = 16;
     int ok = 1;
-    plan->elements.streamed = lb_streams(n, threads);
+    plan->storage = lb_storage(n, threads, half);
+    plan->elements.streamed = plan->storage;
     plan_add(plan, STEP_ELEMENTS, 0);
     if (plan->count > 1) {
         ok = lb_stats_open(&plan->stats, plan->elements.x, outer, groups, inner, threads);
         grain = plan->stats.piece;
-        if (ok && plan->windowed && lb_window_wanted(n)) lb_window_open(&plan->stats);
+        plan->stats.storage = plan->storage;
+        if (plan->storage < 0) plan->stats.extra_depth = plan->stats.piece / LB_TILE + 1; /* half_phase's tiles */
+        else if (ok && plan->windowed && lb_window_wanted(n)) lb_window_open(&plan->stats);
     }
     if (ok) {
         plan_start(plan, 0);
@@ -86,7 +127,7 @@ static int plan_open(sign_plan *plan, const float *x, float *out, int64_t groups
  * alpha[g], the TWN scale (scaled) or 1. Returns 1, or 0 where memory is short or a scale is 0 over a nonempty
  * selection (see lb_stats_means): the caller runs the eager path. */
 int lb_ternary_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, int fixed,
-                   float threshold, int scaled, const float *alpha, int threads) {
+                   float threshold, int scaled, const float *alpha, int half, int threads) {
     sign_plan plan;
     if (!plan_open(&plan, x, out, groups, inner, ELEMENT_TERNARY)) return 0;
     for (int64_t g = 0; g < groups; g++) {
@@ -96,17 +137,17 @@ int lb_ternary_f32(const float *x, float *out, int64_t outer, int64_t groups, in
     if (!fixed) plan_add(&plan, STEP_TWN_DELTA, SELECT_NOT_NAN);
     if (scaled && !alpha) plan_add(&plan, STEP_MEAN, SELECT_ABOVE);
     plan.windowed = !fixed && scaled && !alpha && groups == 1;
-    return plan_run(&plan, outer, groups, inner, threads);
+    return plan_run(&plan, outer, groups, inner, half, threads);
 }
 
 /* formats/binary.py (deterministic): the value is the given alpha[g], mean |x| (bipolar) or the mean of the
  * finite positives (unipolar) per group when scaled, or 1. Returns 1, or 0 where memory is short. */
 int lb_binary_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, int bipolar,
-                  int scaled, const float *alpha, int threads) {
+                  int scaled, const float *alpha, int half, int threads) {
     sign_plan plan;
     int select = bipolar ? SELECT_NOT_NAN : SELECT_POSITIVE;
     if (!plan_open(&plan, x, out, groups, inner, bipolar ? ELEMENT_BIPOLAR : ELEMENT_UNIPOLAR)) return 0;
     for (int64_t g = 0; g < groups; g++) plan.value[g] = alpha ? alpha[g] : 1.0f;
     if (scaled && !alpha) plan_add(&plan, STEP_MEAN, select);
-    return plan_run(&plan, outer, groups, inner, threads);
+    return plan_run(&plan, outer, groups, inner, half, threads);
 }

@@ -48,7 +48,8 @@ typedef struct {
     double *sum;        /* [pieces][groups] */
     int64_t *count;
     void *memory;
-    int64_t extra_depth; /* float64 additions a term may pass through beyond a plain pass's (the window's) */
+    int64_t extra_depth; /* float64 additions a term may pass through beyond a plain pass's (window, tiles) */
+    int storage;         /* stream.h's lb_storage: below 0, x holds halves (a pass reads widened tiles) */
     stats_window window;
 } stats_job;
 

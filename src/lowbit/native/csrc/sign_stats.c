@@ -8,6 +8,7 @@
  * in integers and rounds the exact quotient. One pass over x gives a mean. */
 #include <stdlib.h>
 #include "sign_sums.h"
+#include "stream.h"
 
 #define PIECE 65536 /* elements a thread sums alone (more when there are many groups) */
 
@@ -280,11 +281,14 @@ static float exact_mean(const stats_job *job, int64_t g, int64_t count) {
     uint64_t mantissas[255] = {0};
     int32_t delta = job->select == SELECT_ABOVE ? (int32_t)lb_bits(job->delta[g]) : 0;
     int64_t outer = job->n / (job->groups * job->inner);
+    const uint16_t *halves = (const uint16_t *)(const void *)job->x;
     for (int64_t o = 0; o < outer; o++) {
-        const float *row = job->x + (o * job->groups + g) * job->inner;
+        int64_t start = (o * job->groups + g) * job->inner;
         for (int64_t i = 0; i < job->inner; i++) {
             int32_t raw, selected, kept;
-            memcpy(&raw, row + i, sizeof raw);
+            if (job->storage == LB_HALF_BFLOAT16) raw = (int32_t)((uint32_t)halves[start + i] << 16);
+            else if (job->storage == LB_HALF_FLOAT16) raw = (int32_t)float32_of_half(halves[start + i]);
+            else memcpy(&raw, job->x + start + i, sizeof raw);
             kept = element_kept(raw, job->select, delta, &selected);
             mantissas[kept >> 23] += (uint64_t)((kept & 0x7fffff) | (kept >= 0x800000 ? 0x800000 : 0));
         }
