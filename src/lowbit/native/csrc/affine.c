@@ -338,17 +338,18 @@ static int channel_pass(affine_job *job, int64_t outer, int threads) {
     return 1;
 }
 
-/* fn over [0, n) in units of `unit` elements (whole rows, whole slices); over halves through stream.h's
- * lb_half_tiles_range, for units of at most a tile (0 otherwise, nothing written). */
-static int units_parallel(affine_job *job, int64_t n, int64_t unit, int threads, lb_range_fn fn) {
+/* fn over [0, n) in chunks of whole `grain` elements (rows, slices); over halves through stream.h's
+ * lb_half_tiles_range, in units of `unit` elements (grain, or a block that divides it) of at most a tile (0
+ * otherwise, nothing written). */
+static int units_parallel(affine_job *job, int64_t n, int64_t grain, int64_t unit, int threads, lb_range_fn fn) {
     if (job->streamed >= 0) {
-        lb_parallel(n, unit, threads, fn, job);
+        lb_parallel(n, grain, threads, fn, job);
         return 1;
     }
     int usable;
     lb_half_tiles plan = lb_half_tiles_of(fn, job, sizeof *job, &job->x, &job->out, &job->streamed, unit, 1, unit,
                                           &usable);
-    if (usable) lb_parallel(n, unit, threads, lb_half_tiles_range, &plan);
+    if (usable) lb_parallel(n, grain, threads, lb_half_tiles_range, &plan);
     return usable;
 }
 
@@ -373,7 +374,7 @@ static int given_pass(affine_job *job, int64_t outer, int threads) {
     int64_t slice = job->channels * job->inner;
     int done = 1;
     if (job->channels == 1) lb_parallel(outer * slice, 64, threads, tensor_range, job);
-    else done = units_parallel(job, outer * slice, slice, threads, channel_range);
+    else done = units_parallel(job, outer * slice, slice, slice, threads, channel_range);
     free(memory);
     return done;
 }
@@ -392,8 +393,9 @@ int lb_affine_f32(const float *x, float *out, int layout, int64_t d0, int64_t d1
                               half);
     switch (layout) {
     case LAYOUT_TENSOR: return tensor_pass(&job, d0, threads);
-    case LAYOUT_ROWS: /* rows of d1, blocks of d2 */
-        return units_parallel(&job, d0 * d1, d1, threads, d2 % 16 == 0 && d1 % d2 == 0 ? whole_block_range : row_range);
+    case LAYOUT_ROWS: /* rows of d1, blocks of d2: whole_block_range takes any run of whole blocks */
+        if (d2 % 16 == 0 && d1 % d2 == 0) return units_parallel(&job, d0 * d1, d1, d2, threads, whole_block_range);
+        return units_parallel(&job, d0 * d1, d1, d1, threads, row_range);
     case LAYOUT_CHANNELS: return channel_pass(&job, d0, threads);
     default: return given_pass(&job, d0, threads);
     }
