@@ -212,20 +212,28 @@ static inline void lb_half_tiles_range(const void *context, int64_t begin, int64
  * most a tile (streamed, halves) or on the whole range at once. */
 typedef void (*lb_span_fn)(const void *job, const float *x, float *out, int64_t n);
 
-/* lb_spans over halves: each span widened through a source, computed, narrowed through the sink (out of line:
- * the float32 pass keeps its own small frame). */
+/* lb_spans over halves: each tile widened into float32, computed, narrowed into out (out of line: the float32
+ * pass keeps its own small frame). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized" /* fn writes every element of `result` it is given */
+#endif
 static __attribute__((noinline, unused)) void lb_half_spans(const void *job, const float *x, float *out, int storage,
                                                             int64_t begin, int64_t end, lb_span_fn fn) {
-    lb_source source;
-    lb_sink sink;
-    lb_source_open(&source, x, storage);
-    lb_sink_open(&sink, out, storage);
+    float wide[LB_TILE] __attribute__((aligned(64))), result[LB_TILE] __attribute__((aligned(64)));
+    const uint16_t *halves = (const uint16_t *)(const void *)x;
+    uint16_t *narrowed = (uint16_t *)(void *)out;
+    int kind = lb_half_kind(storage);
     for (int64_t at = begin, n; at < end; at += n) {
-        n = lb_sink_span(&sink, end - at);
-        fn(job, lb_source_at(&source, at, n), lb_sink_next(&sink, at, n), n);
+        n = end - at < LB_TILE ? end - at : LB_TILE;
+        lb_widen_halves(halves + at, wide, n, kind);
+        fn(job, wide, result, n);
+        lb_narrow_halves(result, narrowed + at, n, kind);
     }
-    lb_sink_close(&sink);
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 static inline void lb_spans(const void *job, const float *x, float *out, int storage, int64_t begin, int64_t end,
                             lb_span_fn fn) {
