@@ -195,8 +195,7 @@ typedef struct {
 static void column_maxima(const void *context, int64_t begin, int64_t end) { /* begin, end: elements, whole parts */
     const column_job *job = context;
     int64_t columns = job->columns;
-    lb_source source;
-    lb_source_open(&source, job->x, job->streamed);
+    float wide[LB_TILE] __attribute__((aligned(64)));
     for (int64_t first = begin / columns; first < end / columns; first += job->part_rows) {
         int64_t stop = first + job->part_rows < end / columns ? first + job->part_rows : end / columns;
         int32_t *restrict part = job->parts + (first / job->part_rows) * columns;
@@ -204,7 +203,12 @@ static void column_maxima(const void *context, int64_t begin, int64_t end) { /* 
         for (int64_t row = first; row < stop; row++)
             for (int64_t column = 0, n; column < columns; column += n) { /* a tile at most, for halves */
                 n = columns - column < LB_TILE ? columns - column : LB_TILE;
-                const float *restrict x = lb_source_at(&source, row * columns + column, n);
+                const float *restrict x = job->x + row * columns + column;
+                if (job->streamed < 0) { /* halves: widened first */
+                    lb_widen_halves((const uint16_t *)(const void *)job->x + row * columns + column, wide, n,
+                                    lb_half_kind(job->streamed));
+                    x = wide;
+                }
                 int32_t *restrict largest = part + column;
                 for (int64_t k = 0; k < n; k++) { /* finite magnitudes only (NaN and inf count as 0) */
                     int32_t magnitude = (int32_t)(lb_bits(x[k]) & 0x7fffffffu);
@@ -238,16 +242,31 @@ static void column_span(const column_job *job, const float *restrict x, float *r
     LB_FOR_EACH_MODE(job->mode, COLUMN_LOOP);
 }
 
+/* column_elements over halves: a tile at a time widened, computed, narrowed. */
+static void column_half_elements(const column_job *job, int64_t begin, int64_t end) {
+    float wide[LB_TILE] __attribute__((aligned(64))), result[LB_TILE] __attribute__((aligned(64)));
+    int kind = lb_half_kind(job->streamed);
+    for (int64_t at = begin, n; at < end; at += n) {
+        int64_t column = at % job->columns;
+        n = job->columns - column < LB_TILE ? job->columns - column : LB_TILE;
+        lb_widen_halves((const uint16_t *)(const void *)job->x + at, wide, n, kind);
+        column_span(job, wide, result, n, column);
+        lb_narrow_halves(result, (uint16_t *)(void *)job->out + at, n, kind);
+    }
+}
+
 static void column_elements(const void *context, int64_t begin, int64_t end) { /* begin, end: whole rows */
     const column_job *job = context;
-    lb_source source;
+    if (job->streamed < 0) {
+        column_half_elements(job, begin, end);
+        return;
+    }
     lb_sink sink;
-    lb_source_open(&source, job->x, job->streamed);
     lb_sink_open(&sink, job->out, job->streamed);
     for (int64_t at = begin, n; at < end; at += n) {
         int64_t column = at % job->columns;
         n = lb_sink_span(&sink, job->columns - column);
-        column_span(job, lb_source_at(&source, at, n), lb_sink_next(&sink, at, n), n, column);
+        column_span(job, job->x + at, lb_sink_next(&sink, at, n), n, column);
     }
     lb_sink_close(&sink);
 }

@@ -63,47 +63,28 @@ static inline void lb_stream_fence(void) {
 #endif
 }
 
-/* A pass's storage: LB_HALF_BFLOAT16 / LB_HALF_FLOAT16 for x and out holding halves (`half` 1 / 2), else
- * whether its float32 output streams (lb_streams). With halves, a kernel reads x through an lb_source (each
- * tile widened into float32 in L1) and writes out through an lb_sink (each tile narrowed into out, half.h):
- * the pass moves the halves once and no float32 tensor exists. */
-enum { LB_HALF_BFLOAT16 = -1, LB_HALF_FLOAT16 = -2 };
-static inline int lb_storage(int64_t n, int threads, int half) {
-    return half == 1 ? LB_HALF_BFLOAT16 : half == 2 ? LB_HALF_FLOAT16 : lb_streams(n, threads);
-}
-
-/* half.h's kind for a storage below 0 */
-static inline int lb_half_kind(int storage) { return storage == LB_HALF_BFLOAT16 ? CAST_BFLOAT16 : CAST_FLOAT16; }
-
-/* Where a kernel writes its output: straight into out, or (streamed, or halves) into a tile that collects
- * consecutive elements and goes out when full: streamed, with non-temporal stores (each drain sends the whole
- * 64-byte lines and keeps the few elements of a partial last line for the next, so that only the ends of a
- * thread's range take plain stores); with halves, narrowed. A thread writes its range in order, so the tile
- * holds out[start, start + filled). */
+/* Where a kernel writes its output: straight into out, or (streamed) into a tile that collects consecutive
+ * elements and goes out with non-temporal stores when full. A thread writes its range in order, so the tile
+ * holds out[start, start + filled); each drain sends the whole 64-byte lines and keeps the few elements of a
+ * partial last line for the next, so that only the ends of a thread's range take plain stores. */
 typedef struct {
     float *out;
     int64_t start, filled;
-    int streamed; /* lb_storage */
+    int streamed;
     float tile[LB_TILE + 16] __attribute__((aligned(64)));
 } lb_sink;
 
-static inline void lb_sink_open(lb_sink *sink, float *out, int storage) {
-    sink->out = out, sink->start = sink->filled = 0, sink->streamed = storage;
+static inline void lb_sink_open(lb_sink *sink, float *out, int streamed) {
+    sink->out = out, sink->start = sink->filled = 0, sink->streamed = streamed;
 }
 
-/* How many elements a kernel may place at once: at most a tile when streamed or halves. */
+/* How many elements a kernel may place at once: at most a tile when streamed. */
 static inline int64_t lb_sink_span(const lb_sink *sink, int64_t wanted) {
     return sink->streamed && wanted > LB_TILE ? LB_TILE : wanted;
 }
 
-/* Sends the tile out: its whole lines (all of it when `all`, or with halves), keeping the rest at its front. */
+/* Sends the tile's whole lines out (all of it when `all`), keeping the rest at the tile's front. */
 static inline void lb_sink_drain(lb_sink *sink, int all) {
-    if (sink->streamed < 0) {
-        uint16_t *halves = (uint16_t *)(void *)sink->out;
-        lb_narrow_halves(sink->tile, halves + sink->start, sink->filled, lb_half_kind(sink->streamed));
-        sink->start += sink->filled, sink->filled = 0;
-        return;
-    }
     int64_t send = sink->filled;
     if (!all) {
         uintptr_t end = (uintptr_t)(sink->out + sink->start + sink->filled) & ~(uintptr_t)63;
@@ -115,7 +96,7 @@ static inline void lb_sink_drain(lb_sink *sink, int all) {
     sink->start += send, sink->filled -= send;
 }
 
-/* Where to write out[at, at + n) (n <= LB_TILE when streamed or halves): out itself, or the tile. */
+/* Where to write out[at, at + n) (n <= LB_TILE when streamed): out itself, or the tile. */
 static inline float *lb_sink_next(lb_sink *sink, int64_t at, int64_t n) {
     if (!sink->streamed) return sink->out + at;
     if (sink->filled && at != sink->start + sink->filled) lb_sink_drain(sink, 1); /* not consecutive */
@@ -127,29 +108,62 @@ static inline float *lb_sink_next(lb_sink *sink, int64_t at, int64_t n) {
     return place;
 }
 
-/* Everything out, then (streamed) the fence. */
+/* Everything out, then the fence. */
 static inline void lb_sink_close(lb_sink *sink) {
     if (!sink->streamed) return;
     lb_sink_drain(sink, 1);
-    if (sink->streamed > 0) lb_stream_fence();
+    lb_stream_fence();
 }
 
-/* Where a kernel reads x[at, at + n): x itself, or with halves (n <= LB_TILE) a float32 tile widened from
- * them, valid until the next call. */
-typedef struct {
-    const float *x;
-    int storage; /* lb_storage */
-    float tile[LB_TILE] __attribute__((aligned(64)));
-} lb_source;
+/* An element-wise kernel's pass over [begin, end) of x into out: fn(job, x + at, where, n) on spans of at
+ * most a tile (streamed) or on the whole range at once. With halves (`storage` from lb_storage below 0), x
+ * and out hold bfloat16 / float16 values: each tile is widened into float32 in L1, computed, and narrowed
+ * into out (half.h), so the pass moves the halves once and no float32 tensor exists. */
+typedef void (*lb_span_fn)(const void *job, const float *x, float *out, int64_t n);
 
-static inline void lb_source_open(lb_source *source, const float *x, int storage) {
-    source->x = x, source->storage = storage;
+/* A pass's storage: LB_HALF_BFLOAT16 / LB_HALF_FLOAT16 for x and out holding halves (`half` 1 / 2), else
+ * whether its float32 output streams (lb_streams). */
+enum { LB_HALF_BFLOAT16 = -1, LB_HALF_FLOAT16 = -2 };
+static inline int lb_storage(int64_t n, int threads, int half) {
+    return half == 1 ? LB_HALF_BFLOAT16 : half == 2 ? LB_HALF_FLOAT16 : lb_streams(n, threads);
 }
 
-static inline const float *lb_source_at(lb_source *source, int64_t at, int64_t n) {
-    if (source->storage >= 0) return source->x + at;
-    lb_widen_halves((const uint16_t *)(const void *)source->x + at, source->tile, n, lb_half_kind(source->storage));
-    return source->tile;
+/* GCC cannot see that fn writes every element of `result` it is given (through a function pointer). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+static inline void lb_half_spans(const void *job, const uint16_t *x, uint16_t *out, int kind, int64_t begin,
+                                 int64_t end, lb_span_fn fn) {
+    float wide[LB_TILE] __attribute__((aligned(64))), result[LB_TILE] __attribute__((aligned(64)));
+    for (int64_t at = begin, n; at < end; at += n) {
+        n = end - at < LB_TILE ? end - at : LB_TILE;
+        lb_widen_halves(x + at, wide, n, kind);
+        fn(job, wide, result, n);
+        lb_narrow_halves(result, out + at, n, kind);
+    }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+/* half.h's kind for a storage below 0 */
+static inline int lb_half_kind(int storage) { return storage == LB_HALF_BFLOAT16 ? CAST_BFLOAT16 : CAST_FLOAT16; }
+
+static inline void lb_spans(const void *job, const float *x, float *out, int streamed, int64_t begin, int64_t end,
+                            lb_span_fn fn) {
+    if (streamed < 0) {
+        lb_half_spans(job, (const uint16_t *)(const void *)x, (uint16_t *)(void *)out, lb_half_kind(streamed), begin,
+                      end, fn);
+        return;
+    }
+    lb_sink sink;
+    lb_sink_open(&sink, out, streamed);
+    for (int64_t at = begin, n; at < end; at += n) {
+        n = lb_sink_span(&sink, end - at);
+        fn(job, x + at, lb_sink_next(&sink, at, n), n);
+    }
+    lb_sink_close(&sink);
 }
 
 /* A range function written for float32 tensors, run over halves: [begin, end) counts `unit`-element units
@@ -206,48 +220,6 @@ static inline void lb_half_tiles_range(const void *context, int64_t begin, int64
         plan->fn(job, first * unit, stop * unit);
         lb_narrow_halves(result, plan->out + from, to - from, plan->kind);
     }
-}
-
-/* An element-wise kernel's pass over [begin, end) of x into out: fn(job, x + at, where, n) on spans of at
- * most a tile (streamed, halves) or on the whole range at once. */
-typedef void (*lb_span_fn)(const void *job, const float *x, float *out, int64_t n);
-
-/* lb_spans over halves: each tile widened into float32, computed, narrowed into out (out of line: the float32
- * pass keeps its own small frame). */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized" /* fn writes every element of `result` it is given */
-#endif
-static __attribute__((noinline, unused)) void lb_half_spans(const void *job, const float *x, float *out, int storage,
-                                                            int64_t begin, int64_t end, lb_span_fn fn) {
-    float wide[LB_TILE] __attribute__((aligned(64))), result[LB_TILE] __attribute__((aligned(64)));
-    const uint16_t *halves = (const uint16_t *)(const void *)x;
-    uint16_t *narrowed = (uint16_t *)(void *)out;
-    int kind = lb_half_kind(storage);
-    for (int64_t at = begin, n; at < end; at += n) {
-        n = end - at < LB_TILE ? end - at : LB_TILE;
-        lb_widen_halves(halves + at, wide, n, kind);
-        fn(job, wide, result, n);
-        lb_narrow_halves(result, narrowed + at, n, kind);
-    }
-}
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
-static inline void lb_spans(const void *job, const float *x, float *out, int storage, int64_t begin, int64_t end,
-                            lb_span_fn fn) {
-    if (storage < 0) {
-        lb_half_spans(job, x, out, storage, begin, end, fn);
-        return;
-    }
-    lb_sink sink;
-    lb_sink_open(&sink, out, storage);
-    for (int64_t at = begin, n; at < end; at += n) {
-        n = lb_sink_span(&sink, end - at);
-        fn(job, x + at, lb_sink_next(&sink, at, n), n);
-    }
-    lb_sink_close(&sink);
 }
 
 #endif
