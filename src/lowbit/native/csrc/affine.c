@@ -382,9 +382,10 @@ static int given_pass(affine_job *job, int64_t outer, int threads) {
 /* Affine quantization of x (float32, n elements) into out. layout TENSOR: min-max over all d0 elements; ROWS:
  * d0 rows of d1 elements, min-max per block of d2 along each row; CHANNELS: [d0, d1, d2], min-max per index of
  * d1; GIVEN: [d0, d1, d2] with the spec's scales and zero points (one, or one per index of d1). half (1
- * bfloat16, 2 float16): x and out hold halves, in every layout but CHANNELS, for rows (ROWS) and slices of
- * d1 x d2 (GIVEN per channel) of at most a tile. Returns 0 where memory ran out or halves come with another
- * layout (nothing written: the caller falls back), else 1. */
+ * bfloat16, 2 float16): x and out hold halves, in every layout but CHANNELS: ROWS in whole blocks (of 16k
+ * elements dividing the row) or else whole rows, GIVEN per channel in slices of d1 x d2, each at most a tile.
+ * Returns 0 where memory ran out or halves come with another layout or size (nothing written: the caller
+ * falls back), else 1. */
 int lb_affine_f32(const float *x, float *out, int layout, int64_t d0, int64_t d1, int64_t d2,
                   const lb_affine_spec *spec, int half, int threads) {
     affine_job job = {x, out, d1, d2, d1, d2, NULL, NULL, NULL, NULL, 1, {1.0f, 1.0f, 0.0f, 1}, spec, NULL, 0};
