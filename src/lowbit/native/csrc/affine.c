@@ -338,9 +338,8 @@ static int channel_pass(affine_job *job, int64_t outer, int threads) {
     return 1;
 }
 
-/* fn over [0, n) in chunks of whole `grain` elements (rows, slices); over halves through stream.h's
- * lb_half_tiles_range, in units of `unit` elements (grain, or a block that divides it) of at most a tile (0
- * otherwise, nothing written). */
+/* fn over [0, n) in chunks of whole `grain` elements; over halves through stream.h's lb_half_tiles_range in
+ * units of `unit` (grain, or a block dividing it) of at most a tile (0 otherwise, nothing written). */
 static int units_parallel(affine_job *job, int64_t n, int64_t grain, int64_t unit, int threads, lb_range_fn fn) {
     if (job->streamed >= 0) {
         lb_parallel(n, grain, threads, fn, job);
@@ -394,7 +393,7 @@ int lb_affine_f32(const float *x, float *out, int layout, int64_t d0, int64_t d1
                               half);
     switch (layout) {
     case LAYOUT_TENSOR: return tensor_pass(&job, d0, threads);
-    case LAYOUT_ROWS: /* rows of d1, blocks of d2: whole_block_range takes any run of whole blocks */
+    case LAYOUT_ROWS: /* whole_block_range takes any run of whole blocks */
         if (d2 % 16 == 0 && d1 % d2 == 0) return units_parallel(&job, d0 * d1, d1, d2, threads, whole_block_range);
         return units_parallel(&job, d0 * d1, d1, d1, threads, row_range);
     case LAYOUT_CHANNELS: return channel_pass(&job, d0, threads);
