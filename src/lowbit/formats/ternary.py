@@ -30,10 +30,21 @@ import math
 
 import torch
 
-from lowbit.formats._base import FormatSpec, check_axis, check_bool, check_float, check_int
+from lowbit.formats._base import (
+    FormatSpec,
+    check_axis,
+    check_bool,
+    check_float,
+    check_int,
+)
 from lowbit.formats._registry import register
 from lowbit.formats.binary import check_given_alpha, given_alpha, masked_mean, mean_abs
-from lowbit.formats.blocking import apply_blockwise, block_shape, can_branch_on_data, scaled_bits_per_element
+from lowbit.formats.blocking import (
+    apply_blockwise,
+    block_shape,
+    can_branch_on_data,
+    scaled_bits_per_element,
+)
 from lowbit.formats.means import rounded_mean
 from lowbit.native import sign_log
 
