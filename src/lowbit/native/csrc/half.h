@@ -47,6 +47,20 @@ static inline int beyond_bfloat16(__m512i a, __m512i b) {
     return _mm512_cmpgt_epu32_mask(top, largest) != 0;
 }
 
+#if defined(__AVX512BF16__)
+/* Whether AVX512-BF16's conversion (nearest even, but subnormals flushed to zero) gives bfloat16_of's bits
+ * for every lane of both vectors: none NaN, inf, past bfloat16's range or a nonzero subnormal (the magnitude
+ * minus one below 2^23 - 1, unsigned, zero wrapping to the top). */
+static inline int bfloat16_instruction_exact(__m512i a, __m512i b) {
+    const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1);
+    __m512i ma = _mm512_and_si512(a, magnitude), mb = _mm512_and_si512(b, magnitude);
+    __m512i top = _mm512_max_epu32(ma, mb);
+    __m512i bottom = _mm512_min_epu32(_mm512_sub_epi32(ma, one), _mm512_sub_epi32(mb, one));
+    return !(_mm512_cmpgt_epu32_mask(top, _mm512_set1_epi32((int)BF16_MAX_BITS)) |
+             _mm512_cmplt_epu32_mask(bottom, _mm512_set1_epi32(0x007fffff)));
+}
+#endif
+
 static inline __m512i bfloat16_lanes(__m512i bits) {
     const __m512i infinity = _mm512_set1_epi32(0x7f800000), largest = _mm512_set1_epi32((int)BF16_MAX_BITS);
     __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
@@ -82,6 +96,13 @@ static inline void lb_narrow_halves(const float *restrict values, uint16_t *rest
 #if defined(__AVX512F__)
         for (; i + 32 <= end; i += 32) { /* two vectors packed in-lane, then the 64-bit quarters put in order */
             __m512i low = _mm512_loadu_si512(x + i), high = _mm512_loadu_si512(x + i + 16);
+#if defined(__AVX512BF16__)
+            if (bfloat16_instruction_exact(low, high)) { /* one instruction, lanes in order */
+                __m512bh both = _mm512_cvtne2ps_pbh(_mm512_castsi512_ps(high), _mm512_castsi512_ps(low));
+                _mm512_storeu_si512(out + i, (__m512i)both);
+                continue;
+            }
+#endif
             __m512i packed = beyond_bfloat16(low, high) ? _mm512_packus_epi32(bfloat16_lanes(low), bfloat16_lanes(high))
                                                         : _mm512_packus_epi32(bfloat16_rounded(low), bfloat16_rounded(high));
             _mm512_storeu_si512(out + i, _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), packed));
