@@ -33,7 +33,8 @@ static inline uint16_t bfloat16_of(uint32_t bits) {
 
 #if defined(__AVX512F__)
 /* bfloat16_of on 16 lanes (GCC packed the plain loop's results with a cross-lane word permute per 32 lanes:
- * half the speed of torch's own cast). Not AVX512-BF16's conversion: it flushes subnormals to zero. */
+ * half the speed of torch's own cast). Builds with AVX512-BF16 take its conversion first where it is exact
+ * (it flushes subnormals to zero: bfloat16_instruction_exact). */
 /* Nearest even at bit 16, in the low half of each lane: every finite float32 within bfloat16's range. */
 static inline __m512i bfloat16_rounded(__m512i bits) {
     __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
