@@ -155,7 +155,7 @@ def nearest_power_of_two(x: torch.Tensor, min_exponent: int, max_exponent: int) 
     magnitude = x.abs()
     bits = magnitude.view(int_dtype)
     parity = (bits >> mantissa_bits).add_(min_exponent & 1).bitwise_and_(1)  # 1: a tie rounds up
-    power = parity.add_(bits).add_((1 << (mantissa_bits - 1)) - 1).bitwise_and_(((2 * bias + 1) << mantissa_bits))
+    power = parity.add_(bits).add_((1 << (mantissa_bits - 1)) - 1).bitwise_and_((2 * bias + 1) << mantissa_bits)
     power = power.view(x.dtype).clamp_(math.ldexp(1.0, min_exponent), math.ldexp(1.0, min(max_exponent, dtype_max_exponent)))
     power.masked_fill_(magnitude <= math.ldexp(1.0, min_exponent - 1), 0.0).copysign_(x)
     return torch.where(torch.isnan(x), x, power)
@@ -177,7 +177,7 @@ def nearest_power_of_two_finite(x: torch.Tensor, min_exponent: torch.Tensor,
     magnitude = x.abs()
     bits = magnitude.view(int_dtype)
     parity = (bits >> mantissa_bits).add_((min_exponent & 1).to(int_dtype)).bitwise_and_(1)  # 1: a tie rounds up
-    power = parity.add_(bits).add_((1 << (mantissa_bits - 1)) - 1).bitwise_and_(((2 * bias + 1) << mantissa_bits))
+    power = parity.add_(bits).add_((1 << (mantissa_bits - 1)) - 1).bitwise_and_((2 * bias + 1) << mantissa_bits)
     smallest = exact_pow2(min_exponent, x.dtype)
     largest = exact_pow2(torch.clamp(max_exponent, max=dtype_max_exponent), x.dtype)
     power = power.view(x.dtype).clamp_(smallest, largest)

@@ -25,36 +25,34 @@ static void plan_start(sign_plan *plan, int phase) {
     if (plan->steps[phase] != STEP_ELEMENTS) lb_stats_start(&plan->stats, plan->selects[phase], plan->delta);
 }
 
-/* A phase over halves: tiles of x widened into float32 (within one piece for the statistics: a piece's slot
- * takes the tile's sums), the float32 range functions run on copies of the jobs that see the tile, the
- * elements narrowed into out. A statistic's terms pass through one more addition a tile (extra_depth). With a
- * group per column, statistics tiles hold whole blocks of 8 rows where they fit (sign_stats.c sums 8 rows at
- * a time, and a row split between tiles goes element by element). */
+/* A phase over halves. The element pass: stream.h's lb_half_tiles_range (tiles widened, the float32 pass run
+ * on them, narrowed into out). A statistics pass: tiles of x widened into float32 within one piece (a piece's
+ * slot takes the tile's sums), lb_stats_range run on a copy of the job that sees the tile; a statistic's terms
+ * pass through one more addition a tile (extra_depth). With a group per column, statistics tiles hold whole
+ * blocks of 8 rows where they fit (sign_stats.c sums 8 rows at a time; a row split between tiles goes element
+ * by element). */
 #define HALF_ROWS_TILE (4 * LB_TILE)
 static void half_phase(const sign_plan *plan, int64_t begin, int64_t end, int phase) {
-    float wide[HALF_ROWS_TILE] __attribute__((aligned(64))), result[LB_TILE] __attribute__((aligned(64)));
-    int elements = plan->steps[phase] == STEP_ELEMENTS, kind = lb_half_kind(plan->storage);
+    if (plan->steps[phase] == STEP_ELEMENTS) {
+        const element_job *elements = &plan->elements;
+        int usable;
+        lb_half_tiles tiles = lb_half_tiles_of(lb_sign_element_range, elements, sizeof *elements, &elements->x,
+                                               &elements->out, &elements->streamed, 1, 1, 1, &usable);
+        (void)usable; /* units of one element: always */
+        lb_half_tiles_range(&tiles, begin, end);
+        return;
+    }
+    float wide[HALF_ROWS_TILE] __attribute__((aligned(64)));
     stats_job stats = plan->stats;
-    element_job job = plan->elements;
     const uint16_t *x = (const uint16_t *)(const void *)plan->elements.x;
-    uint16_t *out = (uint16_t *)(void *)plan->elements.out;
-    int64_t groups = job.groups, rows = groups > 1 && job.inner == 1 ? 8 * groups : 0, tile = LB_TILE;
-    if (!elements && rows) tile = rows <= HALF_ROWS_TILE ? HALF_ROWS_TILE / rows * rows : LB_TILE;
-    job.streamed = 0;
+    int64_t groups = stats.groups, rows = groups > 1 && stats.inner == 1 ? 8 * groups : 0, tile = LB_TILE;
+    if (rows) tile = rows <= HALF_ROWS_TILE ? HALF_ROWS_TILE / rows * rows : LB_TILE;
     for (int64_t from = begin, to; from < end; from = to) {
         to = end - from < tile ? end : from + tile;
-        if (!elements && to > (from / stats.piece + 1) * stats.piece) to = (from / stats.piece + 1) * stats.piece;
-        lb_widen_halves(x + from, wide, to - from, kind);
-        /* x and out as seen from element `from`: the tiles hold x[from, to) and out[from, to) */
-        const float *seen = (const float *)(uintptr_t)((uintptr_t)wide - (uintptr_t)from * sizeof(float));
-        if (elements) {
-            job.x = seen, job.out = (float *)(uintptr_t)((uintptr_t)result - (uintptr_t)from * sizeof(float));
-            lb_sign_element_range(&job, from, to);
-            lb_narrow_halves(result, out + from, to - from, kind);
-        } else {
-            stats.x = seen;
-            lb_stats_range(&stats, from, to);
-        }
+        if (to > (from / stats.piece + 1) * stats.piece) to = (from / stats.piece + 1) * stats.piece;
+        lb_widen_halves(x + from, wide, to - from, lb_half_kind(plan->storage));
+        stats.x = (const float *)(uintptr_t)((uintptr_t)wide - (uintptr_t)from * sizeof(float)); /* sees the tile */
+        lb_stats_range(&stats, from, to);
     }
 }
 
