@@ -1,4 +1,5 @@
-"""``lowbit formats``, ``lowbit stats-to-config`` and ``lowbit export``, plus the report command's flags."""
+"""``lowbit formats``, ``lowbit machine``, ``lowbit stats-to-config`` and ``lowbit export``, plus the report
+command's flags."""
 
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ def add_tool_commands(sub: Any) -> None:
     add_verbosity(stats)
     stats.set_defaults(command_function=run_stats_to_config)
 
+    machine = sub.add_parser("machine", help="this machine's CPU class, kernel probes and the real modules' paths")
+    machine.add_argument("--device", default="cpu", help="the device to report on (default cpu; cuda, cuda:1, ...)")
+    machine.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    add_verbosity(machine)
+    machine.set_defaults(command_function=run_machine)
+
     export = sub.add_parser("export", help="export a transformed model (ONNX QDQ, lowbit safetensors)")
     export.add_argument("--load", required=True, help="a lowbit checkpoint folder (transform / train output)")
     export.add_argument("--onnx", help="write a QDQ ONNX model here")
@@ -43,6 +50,26 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--sensitivity", type=parse_bool, default=True,
                         help="rank layers by the metric when only that layer is quantized (default true)")  # fmt: skip
+
+
+# ---- machine ------------------------------------------------------------------------------------------------
+def run_machine(args: argparse.Namespace) -> int:
+    import torch
+
+    from lowbit.cli.output import show_table
+    from lowbit.errors import ConfigError
+    from lowbit.ops.machine_report import report
+
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as error:
+        raise ConfigError(f"--device {args.device!r} is not a device: {error}") from None
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise ConfigError(f"--device {args.device}: no such CUDA device here")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {args.device}: lowbit's real modules run on cpu or cuda")
+    show_table(f"Real-module paths on {device}", report(device))
+    return 0
 
 
 # ---- formats ------------------------------------------------------------------------------------------------
