@@ -77,8 +77,11 @@ def describe() -> dict:
 def native_target() -> str:
     """The target lowbit's native kernels are built for: this CPU unless $LOWBIT_NATIVE_MARCH names another
     (an AVX2-class build on an AVX-512 machine, say), so a table says which class's code it timed."""
+    from lowbit.native import build
+
     target = os.environ.get("LOWBIT_NATIVE_MARCH", "").strip()
-    return f"-march={target}" if target else "this CPU (-march=native)"
+    fallback = build.fallback()  # the loaded library could not be built with the first choice of flags
+    return (f"-march={target}" if target else "this CPU (-march=native)") + (f", but {fallback}" if fallback else "")
 
 
 def header_line(machine: dict | None = None) -> str:

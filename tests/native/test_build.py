@@ -34,6 +34,7 @@ def fresh_cache(tmp_path, monkeypatch):
 @needs_compiler
 def test_a_build_leaves_a_sealed_library_and_a_second_process_loads_it(fresh_cache):
     assert build.ensure() is not None and build.error() is None
+    assert build.fallback() is None  # built with the first choice of flags (-march=native)
     libraries = sorted(fresh_cache.glob("native-*.so"))
     assert len(libraries) == 1 and libraries[0].with_name(libraries[0].name + ".sha256").exists()
     assert not list(fresh_cache.glob(".native-*"))  # no temporary left behind
@@ -76,6 +77,24 @@ def test_a_failing_compiler_is_reported_and_the_eager_path_answers(fresh_cache, 
         assert torch.equal(result, lowbit.quantize(x, "e4m3"))
     finally:
         backend.set_backend("eager")
+
+
+@needs_compiler
+def test_a_build_without_march_native_is_said_once_and_still_loads(fresh_cache, monkeypatch, tmp_path):
+    """A compiler that refuses -march=native: the next flag set builds the library (same bits, slower), and
+    the fallback is reported instead of passing unnoticed."""
+    fake = tmp_path / "fakecc"
+    fake.write_text(f"#!/bin/sh\ncase \"$*\" in *-march=native*) echo 'fakecc: no native target' >&2; exit 1;; esac\n"
+                    f"exec {build.compiler()} \"$@\"\n")  # fmt: skip
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    with pytest.warns(RuntimeWarning, match="built without -march=native.*no native target"):
+        assert build.ensure() is not None
+    assert "-march=native" in build.fallback() and build.error() is None
+    build.reset()
+    assert build.fallback() is None
+    with pytest.warns(RuntimeWarning, match="built without -march=native"):  # loaded from the cache: said again
+        assert build.ensure() is not None
 
 
 def test_a_named_target_replaces_march_native(fresh_cache, monkeypatch, tmp_path):

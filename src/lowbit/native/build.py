@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
@@ -48,7 +49,7 @@ ARCH_FLAGS = [["-march=native"], []]  # the second: compilers / targets without 
 OPENMP_FLAGS = ["-fopenmp"]
 BUILD_TIMEOUT_S = 120
 
-_state: dict = {"library": None, "error": None, "thread": None}
+_state: dict = {"library": None, "error": None, "thread": None, "fallback": None}
 _lock = threading.Lock()
 
 
@@ -114,6 +115,12 @@ def error() -> str | None:
     return _state["error"]
 
 
+def fallback() -> str | None:
+    """Which flags the loaded library was built without, and why, where the first choice (-march=native, with
+    OpenMP where wanted) did not build (None: it did, or nothing is loaded). Same results, slower kernels."""
+    return _state["fallback"]
+
+
 def start_background_build() -> None:
     """Build or load the library on a daemon thread, once per process (no-op when disabled or done)."""
     if _state["library"] is not None or _state["error"] is not None or disabled():
@@ -151,7 +158,7 @@ def ensure() -> ctypes.CDLL | None:
 def reset() -> None:
     """Forget the loaded library and any failure (tests; the next ``ensure`` loads from the cache again)."""
     with _lock:
-        _state.update(library=None, error=None, thread=None)  # (a fork stays noted: it is this process's)
+        _state.update(library=None, error=None, thread=None, fallback=None)  # a fork stays noted: it is ours
 
 
 def _sources() -> list[Path]:
@@ -188,15 +195,24 @@ def _load_or_build() -> ctypes.CDLL:
     folder.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(folder)
     failures = []
-    for flags in _flag_choices():
+    choices = _flag_choices()
+    for flags in choices:
         path = folder / f"native-{_key(cc, flags)}.so"
-        if _sealed(path):
-            return ctypes.CDLL(str(path))
-        message = _compile(cc, flags, path)
-        if message is None:
+        if _sealed(path) or (message := _compile(cc, flags, path)) is None:
+            if failures:
+                _note_fallback([flag for flag in choices[0] if flag not in flags], failures[0])
             return ctypes.CDLL(str(path))
         failures.append(message)
     raise RuntimeError("; ".join(failures))
+
+
+def _note_fallback(dropped: list[str], failure: str) -> None:
+    """A library built with fewer flags than the first choice computes the same bits more slowly: say so once
+    (a compiler that cannot target this CPU, or a broken source, would otherwise pass unnoticed)."""
+    reason = failure.strip().splitlines()[0][:300] if failure.strip() else "no message"
+    _state["fallback"] = f"built without {' '.join(dropped)} ({reason})"
+    warnings.warn(f"lowbit: the native kernels were {_state['fallback']}; they give the same results, more slowly",
+                  RuntimeWarning, stacklevel=2)  # fmt: skip
 
 
 def _flag_choices() -> list[list[str]]:
