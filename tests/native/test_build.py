@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -171,6 +172,34 @@ print("ok")
     result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120,
                             env={**os.environ, **QUICK_BUILD, "HOME": str(tmp_path), "LOWBIT_BACKEND": "auto"})  # fmt: skip
     assert result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+def test_calls_while_the_background_build_runs_never_wait_for_it(fresh_cache, monkeypatch):
+    """Every call of the auto backend before the library is loaded asks for the background build; none may wait
+    for it (the second call once waited for the whole build, held by the build's lock). The build here waits
+    until the test lets it go, after the calls have answered."""
+    release = threading.Event()
+
+    def held_build():
+        release.wait(120)
+        raise RuntimeError("released by the test")
+
+    monkeypatch.setattr(build, "_load_or_build", held_build)
+    backend.set_backend("auto")
+    x, answers = torch.randn(64), []
+    caller = threading.Thread(target=lambda: answers.extend(lowbit.quantize(x, "e4m3") for _ in range(3)))
+    try:
+        caller.start()
+        caller.join(60)
+        assert not caller.is_alive() and len(answers) == 3, "a call waited for the build"
+        assert build._state["thread"].is_alive() and not release.is_set()  # the build was still under way
+    finally:
+        release.set()
+        caller.join(60)
+        if build._state["thread"] is not None:
+            build._state["thread"].join(60)
+        backend.set_backend("eager")
+    assert all(torch.equal(answer, answers[0]) for answer in answers) and "released" in build.error()
 
 
 def test_import_starts_no_build():

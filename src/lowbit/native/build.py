@@ -50,15 +50,16 @@ OPENMP_FLAGS = ["-fopenmp"]
 BUILD_TIMEOUT_S = 120
 
 _state: dict = {"library": None, "error": None, "thread": None, "fallback": None}
-_lock = threading.Lock()
+_lock = threading.Lock()  # held by ensure() for the whole build
+_start_lock = threading.Lock()  # only around starting the background thread: never held for long
 
 
 def _after_fork_in_child() -> None:
     """A forked child (DataLoader workers, multiprocessing) gets a fresh lock (the parent's build thread may
     have held it at the fork and does not exist in the child) and, if that build had not finished, may start
     its own."""
-    global _lock
-    _lock = threading.Lock()
+    global _lock, _start_lock
+    _lock, _start_lock = threading.Lock(), threading.Lock()
     _state["forked"] = True  # a library loaded from now on must not enter libgomp's pool (csrc/parallel.c)
     if _state["library"] is None and _state["error"] is None:
         _state["thread"] = None
@@ -122,10 +123,11 @@ def fallback() -> str | None:
 
 
 def start_background_build() -> None:
-    """Build or load the library on a daemon thread, once per process (no-op when disabled or done)."""
-    if _state["library"] is not None or _state["error"] is not None or disabled():
+    """Build or load the library on a daemon thread, once per process (no-op when disabled, done or under way).
+    Never waits for a build: every call of the ``auto`` backend before the library is loaded comes here."""
+    if _state["library"] is not None or _state["error"] is not None or _state["thread"] is not None or disabled():
         return
-    with _lock:
+    with _start_lock:
         if _state["thread"] is None:
             _state["thread"] = threading.Thread(target=ensure, name="lowbit-native-build", daemon=True)
             _state["thread"].start()
