@@ -70,6 +70,18 @@ def window_from(elements: int):
     return _override("lb_set_window_from", elements)
 
 
+def chunks(count: int):
+    """Hand each pass of a kernel on torch's OpenMP pool out in ``count`` chunks a thread (1: one share each,
+    a static split; csrc/parallel.c), the library's own rule again on exit. Needs the library loaded."""
+    return _override("lb_set_chunks", count)
+
+
+def chunks_run() -> int:
+    """How many chunks the loaded library's passes on torch's OpenMP pool have run (0: no library)."""
+    entry = function("lb_chunks_run_count", [], I64)
+    return 0 if entry is None else int(entry())
+
+
 def window_served() -> int:
     """How many TWN scales the loaded library's window has given since it was loaded (0: no library)."""
     entry = function("lb_window_served_count", [], I64)

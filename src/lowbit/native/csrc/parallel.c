@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include "common.h"
 #include "phases.h"
+#include "stream.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -106,40 +107,83 @@ static void lb_pthreads(int64_t n, int64_t per, int threads, lb_range_fn fn, con
     }
 }
 
+/* Past the cache (x of stream.h's size or more, as float32), a pass on torch's pool is handed out in chunks,
+ * each to the first thread free, about LB_CHUNKS a thread (whole grains, none under LB_CHUNK_FROM elements):
+ * the caller waits for the last thread, and on a shared machine one thread's static share of a pass from
+ * memory ran late often enough to matter (Zen 4 guest, 4096 x 4096: libgomp's waits 8 % of TWN's samples
+ * with shares, 1 % with chunks; benchmarks/RESULTS.md). Within the cache each thread keeps its static share,
+ * whose data may still be in its own core's cache from the call before (chunks made 2112 x 384 float32 15-45 % slower).
+ * Every chunk is a run of whole grains, as a static share is, so no result depends on which thread ran what. */
+#define LB_CHUNKS 16
+#define LB_CHUNK_FROM ((int64_t)1 << 15)
+#define LB_MAX_PHASES 8
+static volatile int64_t lb_chunks_override = 0;
+static volatile int64_t lb_chunks_run_total = 0;
+
+/* Tests and measurements: chunks a thread (1: one share each, the static split; 0: the library's rule). */
+void lb_set_chunks(int64_t chunks) { lb_chunks_override = chunks > 0 ? chunks : 0; }
+
+/* Tests: how many chunks torch's pool has run (a static share counts as one). */
+int64_t lb_chunks_run_count(void) { return __atomic_load_n(&lb_chunks_run_total, __ATOMIC_RELAXED); }
+
 #ifdef _OPENMP
+/* The chunk size for n elements on `threads` threads, in elements (a multiple of grain). */
+static int64_t lb_chunk_size(int64_t n, int64_t grain, int threads, int dynamic) {
+    int64_t units = (n + grain - 1) / grain, chunks = dynamic && n >= lb_stream_from() / 4 ? LB_CHUNKS : 1;
+    if (lb_chunks_override) chunks = lb_chunks_override;
+    int64_t per = (units + threads * chunks - 1) / (threads * chunks), least = (LB_CHUNK_FROM + grain - 1) / grain;
+    if (!lb_chunks_override && chunks > 1 && per < least) per = least;
+    return per * grain;
+}
+
+/* Runs fn over [0, n) in chunks of `per` from the shared counter *next, to whichever thread asks first. */
+static void lb_take_chunks(int64_t n, int64_t per, int64_t *next, lb_range_fn run, const void *context) {
+    for (;;) {
+        int64_t begin = __atomic_fetch_add(next, per, __ATOMIC_RELAXED);
+        if (begin >= n) return;
+        __atomic_fetch_add(&lb_chunks_run_total, 1, __ATOMIC_RELAXED);
+        run(context, begin, begin + per < n ? begin + per : n);
+    }
+}
+
 static void lb_openmp(int64_t n, int64_t per, int threads, lb_range_fn fn, const void *context) {
     lb_float_state caller;
+    int64_t next = 0;
     lb_save_state(&caller);
 #pragma omp parallel num_threads(threads)
     {
-        int64_t begin = (int64_t)omp_get_thread_num() * per;
-        if (begin < n) {
-            lb_float_state own;
-            lb_save_state(&own);
-            lb_load_state(&caller);
-            fn(context, begin, begin + per < n ? begin + per : n);
-            lb_load_state(&own); /* torch's worker keeps its own state */
-        }
+        lb_float_state own;
+        lb_save_state(&own);
+        lb_load_state(&caller);
+        lb_take_chunks(n, per, &next, fn, context);
+        lb_load_state(&own); /* torch's worker keeps its own state */
     }
 }
 #endif
 
-void lb_parallel(int64_t n, int64_t grain, int threads, lb_range_fn fn, const void *context) {
-    lb_parallel_from(n, grain, threads, LB_PTHREADS_FROM, fn, context);
-}
-
-void lb_parallel_from(int64_t n, int64_t grain, int threads, int64_t minimum, lb_range_fn fn, const void *context) {
+static void lb_split(int64_t n, int64_t grain, int threads, int64_t minimum, int dynamic, lb_range_fn fn,
+                     const void *context) {
     int openmp = lb_uses_openmp();
     if (grain < 1) grain = 1;
     if (threads > LB_MAX_THREADS) threads = LB_MAX_THREADS;
     if (openmp && minimum > LB_OPENMP_FROM) minimum = LB_OPENMP_FROM;
     if (lb_threads_from_override) minimum = lb_threads_from_override;
     if (threads <= 1 || n < minimum) { fn(context, 0, n); return; }
-    int64_t units = (n + grain - 1) / grain, per = (units + threads - 1) / threads * grain;
 #ifdef _OPENMP
-    if (openmp) { lb_openmp(n, per, threads, fn, context); return; }
+    if (openmp) { lb_openmp(n, lb_chunk_size(n, grain, threads, dynamic), threads, fn, context); return; }
 #endif
-    lb_pthreads(n, per, threads, fn, context);
+    (void)dynamic; /* threads of our own: a share each */
+    lb_pthreads(n, (((n + grain - 1) / grain + threads - 1) / threads) * grain, threads, fn, context);
+}
+
+/* The element kernels: chunks to the first thread free on torch's pool. */
+void lb_parallel(int64_t n, int64_t grain, int threads, lb_range_fn fn, const void *context) {
+    lb_split(n, grain, threads, LB_PTHREADS_FROM, 1, fn, context);
+}
+
+/* The int8 linear and token kernels (their own thresholds): a share a thread, each reusing its own rows. */
+void lb_parallel_from(int64_t n, int64_t grain, int threads, int64_t minimum, lb_range_fn fn, const void *context) {
+    lb_split(n, grain, threads, minimum, 0, fn, context);
 }
 
 /* Phases over one split of [0, n) (lb_parallel's): fn(context, begin, end, phase) on every chunk for phase 0,
@@ -162,21 +206,21 @@ int lb_parallel_phases(int64_t n, int64_t grain, int threads, int phases, lb_pha
                        void *context) {
     if (grain < 1) grain = 1;
     if (threads > LB_MAX_THREADS) threads = LB_MAX_THREADS;
-    int64_t minimum = lb_threads_from_override ? lb_threads_from_override : LB_OPENMP_FROM;
 #ifdef _OPENMP
-    if (lb_uses_openmp() && threads > 1 && n >= minimum) {
-        int64_t units = (n + grain - 1) / grain, per = (units + threads - 1) / threads * grain;
+    int64_t minimum = lb_threads_from_override ? lb_threads_from_override : LB_OPENMP_FROM;
+    if (lb_uses_openmp() && threads > 1 && n >= minimum && phases <= LB_MAX_PHASES) {
+        int64_t per = lb_chunk_size(n, grain, threads, 1), next[LB_MAX_PHASES] = {0};
         int complete = 1;
         lb_float_state caller;
         lb_save_state(&caller);
 #pragma omp parallel num_threads(threads)
         {
-            int64_t begin = (int64_t)omp_get_thread_num() * per, end = begin + per < n ? begin + per : n;
             lb_float_state own;
             lb_save_state(&own);
             lb_load_state(&caller);
             for (int phase = 0; phase < phases; phase++) {
-                if (begin < n) fn(context, begin, end, phase);
+                lb_phase_call call = {fn, context, phase};
+                lb_take_chunks(n, per, &next[phase], lb_run_phase, &call);
                 if (phase + 1 == phases) break;
 #pragma omp barrier
 #pragma omp single
