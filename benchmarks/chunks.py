@@ -1,0 +1,102 @@
+"""How the native kernels split a pass over threads, side by side in one process: each format with one static
+share a thread (``kernels.chunks(1)``, the split before the fourteenth session) and with the library's rule
+(past the cache: chunks to whichever thread is free; csrc/parallel.c), both interleaved with ``x.clone()``.
+
+Each round times 10 calls of every method in turn; the table gives the median over rounds of the time as a
+multiple of the same round's clone. Both splits give the same bits (checked before timing).
+
+    .venv/bin/python benchmarks/chunks.py --rounds 9 --shape 4096x4096 --dtype float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from machine import header_line  # noqa: E402
+from timing import pin_allocator  # noqa: E402
+
+import lowbit  # noqa: E402
+from lowbit import backend  # noqa: E402
+from lowbit.native import kernels  # noqa: E402
+
+FORMATS = {
+    "ternary": ("ternary", {"scaling_factor": True}),
+    "binary": ("binary", {"scaling_factor": True}),
+    "integer": ("integer", {"width": 8, "frac_width": 4}),
+    "affine8": ("affine", {"bits": 8}),
+    "affine4_blocks": ("affine", {"bits": 4, "power_of_two": True, "block_size": (1, 32)}),
+    "q4s": ("q4s", {"bits": 4, "block_size": (1, 32), "scale_dtype": "bf16"}),
+    "e4m3": ("e4m3", {}),
+    "e2m1_blocks": ("e2m1", {"block_size": (1, 32)}),
+    "block_fp": ("block_fp", {"width": 8, "exponent_width": 8, "exponent_bias": 127, "block_size": (1, 16)}),
+    "block_minifloat": ("block_minifloat", {"width": 8, "exponent_width": 4, "exponent_bias_width": 4,
+                                            "block_size": (1, 16)}),
+    "block_log": ("block_log", {"width": 8, "exponent_bias_width": 4, "block_size": (1, 16)}),
+    "mxint8": ("mxint8", {}),
+    "mxfp4_e2m1": ("mxfp4_e2m1", {}),
+}
+
+
+def split_call(spec: lowbit.FormatSpec, x: torch.Tensor, chunks: int) -> Callable[[], torch.Tensor]:
+    def call() -> torch.Tensor:
+        with kernels.chunks(chunks):  # 0: the library's rule
+            return spec.quantize(x)
+
+    return call
+
+
+def measure(x: torch.Tensor, names: list[str], rounds: int) -> dict[str, float]:
+    methods: dict[str, Callable[[], object]] = {"clone": x.clone}
+    for name in names:
+        spec = lowbit.get_format(FORMATS[name][0])(**FORMATS[name][1])
+        methods[f"{name} static"], methods[f"{name} chunks"] = split_call(spec, x, 1), split_call(spec, x, 0)
+        static, chunked = methods[f"{name} static"](), methods[f"{name} chunks"]()
+        if not torch.equal(static.view(torch.int16 if x.dtype != torch.float32 else torch.int32),
+                           chunked.view(torch.int16 if x.dtype != torch.float32 else torch.int32)):
+            raise SystemExit(f"{name}: the two splits gave different bits")
+    seconds: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(rounds):
+        for name, method in methods.items():
+            method()
+            start = time.perf_counter()
+            for _ in range(10):
+                method()
+            seconds[name].append((time.perf_counter() - start) / 10)
+    ratios = {name: statistics.median(t / c for t, c in zip(times, seconds["clone"], strict=True))
+              for name, times in seconds.items()}
+    ratios["clone ms"] = statistics.median(seconds["clone"]) * 1e3
+    return ratios
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--shape", default="4096x4096", help="ROWSxCOLS")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--only", nargs="*", choices=sorted(FORMATS), default=list(FORMATS))
+    args = parser.parse_args()
+    allocator = pin_allocator("warm")
+    if lowbit.native.ensure() is None:
+        raise SystemExit(f"no native library: {lowbit.native.build.error()}")
+    backend.set_backend("native")
+    rows, columns = (int(part) for part in args.shape.split("x"))
+    x = torch.randn(rows, columns, generator=torch.Generator().manual_seed(0)).to(getattr(torch, args.dtype))
+    ratios = measure(x, args.only, args.rounds)
+    print(header_line() + "; " + allocator)
+    print(f"\n{args.shape} {args.dtype}, native backend, median of {args.rounds} rounds, x clone "
+          f"(clone {ratios['clone ms']:.2f} ms)\n")
+    print("| format | static shares | chunks (the rule) |\n|---|---:|---:|")
+    for name in args.only:
+        print(f"| {name} | {ratios[name + ' static']:.2f} | {ratios[name + ' chunks']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
