@@ -1,7 +1,7 @@
-"""Passes over tensors past the cache are handed out in chunks to whichever thread of torch's pool is free
-(csrc/parallel.c); within the cache each thread keeps one share. No result depends on the split: every
-chunk count gives the eager path's bits, for kernels of one pass, of statistics then elements, and of
-three phases (TWN, with its window)."""
+"""Passes over tensors past the cache are handed out in chunks to whichever thread is free, on torch's
+OpenMP pool or on threads of the library's own (csrc/parallel.c); within the cache each thread keeps one
+share. No result depends on the split: every chunk count gives the eager path's bits, for kernels of one
+pass, of statistics then elements, and of three phases (TWN, with its window)."""
 
 from __future__ import annotations
 
@@ -59,8 +59,6 @@ def test_every_split_gives_the_eager_bits(name, params, chunks):
     spec = lowbit.get_format(name)(**params)
     x = awkward_tensor()
     want = spec._quantize_in_dtype(x, None)
-    if not kernels.uses_openmp():
-        pytest.skip("this library runs threads of its own (one share each)")
     before = kernels.chunks_run()
     with torch_threads(3), kernels.threads_from(1 << 10), kernels.window_from(1), kernels.chunks(chunks):
         got = spec._native(x.contiguous(), torch.float32)
@@ -79,10 +77,8 @@ def chunks_of_one_call(x: torch.Tensor) -> int:
 
 
 def test_the_rule_chunks_past_the_cache_and_keeps_shares_within_it():
-    if not kernels.uses_openmp():
-        pytest.skip("this library runs threads of its own (one share each)")
     x = torch.randn(1 << 20)  # 4 MiB
-    with torch_threads(2):
+    with torch_threads(2), kernels.threads_from(1 << 10):  # threads of our own start from 4M elements
         assert chunks_of_one_call(x) == 2  # within the cache (stream.h's size): a share a thread
         with kernels.stream_from(1 << 12):  # the "cache" made small: x is past it
             assert chunks_of_one_call(x) == 32  # 16 a thread, 2^15 elements each

@@ -22,6 +22,7 @@ from lowbit.native import build, kernels
 
 def test_openmp_is_chosen_exactly_when_torch_runs_on_gnu_openmp(monkeypatch):
     monkeypatch.delenv("LOWBIT_NATIVE_MARCH", raising=False)  # the default targets (a CI job sets one)
+    monkeypatch.delenv("LOWBIT_NATIVE_OPENMP", raising=False)  # the default choice, whatever this run was given
     maps = Path("/proc/self/maps").read_text() if Path("/proc/self/maps").exists() else ""
     runtimes = {line.rsplit("/", 1)[-1] for line in maps.splitlines() if "omp" in line.rsplit("/", 1)[-1]}
     on_gnu = any(name.startswith("libgomp") for name in runtimes)

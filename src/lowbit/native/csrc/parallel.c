@@ -6,9 +6,9 @@
  *   runtime per process, found by its soname), so its parallel regions run on torch's own worker threads,
  *   already started and often still spinning from torch's last op. A region costs a few microseconds, and
  *   nothing competes with torch for the cores.
- * - Threads created for the call (pthreads) otherwise, and in a forked child: GNU OpenMP's pool does not
- *   survive fork (a child that enters a region its parent's pool had served waits forever; torch's own ops
- *   hang there too), while a new thread works. */
+ * - Threads created for the call (pthreads, the caller among them) otherwise, and in a forked child: GNU
+ *   OpenMP's pool does not survive fork (a child that enters a region its parent's pool had served waits
+ *   forever; torch's own ops hang there too), while a new thread works. */
 #include <fenv.h>
 #include <pthread.h>
 #include "common.h"
@@ -54,20 +54,6 @@ static void lb_load_state(const lb_float_state *state) {
 #endif
 }
 
-typedef struct {
-    lb_range_fn fn;
-    const void *context;
-    int64_t begin, end;
-    lb_float_state state;
-} lb_chunk;
-
-static void *lb_run_chunk(void *argument) {
-    lb_chunk *chunk = argument;
-    lb_load_state(&chunk->state);
-    chunk->fn(chunk->context, chunk->begin, chunk->end);
-    return NULL;
-}
-
 /* Tests lower every threshold to run the threaded code on small tensors (0: each caller's own threshold). */
 static volatile int64_t lb_threads_from_override = 0;
 static volatile int lb_forked = 0;
@@ -89,31 +75,13 @@ void lb_note_fork(void) { lb_forked = 1; }
 
 __attribute__((constructor)) static void lb_watch_fork(void) { pthread_atfork(NULL, NULL, lb_note_fork); }
 
-static void lb_pthreads(int64_t n, int64_t per, int threads, lb_range_fn fn, const void *context) {
-    pthread_t handles[LB_MAX_THREADS];
-    lb_chunk chunks[LB_MAX_THREADS];
-    int started[LB_MAX_THREADS] = {0}, count = 0;
-    for (int64_t begin = 0; begin < n && count < threads; begin += per, count++) {
-        lb_chunk *chunk = &chunks[count];
-        chunk->fn = fn; chunk->context = context; chunk->begin = begin;
-        chunk->end = begin + per < n ? begin + per : n;
-        lb_save_state(&chunk->state);
-        if (count > 0) started[count] = pthread_create(&handles[count], NULL, lb_run_chunk, chunk) == 0;
-    }
-    fn(context, chunks[0].begin, chunks[0].end);
-    for (int index = 1; index < count; index++) {
-        if (started[index]) pthread_join(handles[index], NULL);
-        else fn(context, chunks[index].begin, chunks[index].end); /* no thread: run it here */
-    }
-}
-
-/* Past the cache (x of stream.h's size or more, as float32), a pass on torch's pool is handed out in chunks,
- * each to the first thread free, about LB_CHUNKS a thread (whole grains, none under LB_CHUNK_FROM elements):
- * the caller waits for the last thread, and on a shared machine one thread's static share of a pass from
- * memory ran late often enough to matter (Zen 4 guest, 4096 x 4096: libgomp's waits 8 % of TWN's samples
- * with shares, 1 % with chunks; benchmarks/RESULTS.md). Within the cache each thread keeps its static share,
- * whose data may still be in its own core's cache from the call before (chunks made 2112 x 384 float32 15-45 % slower).
- * Every chunk is a run of whole grains, as a static share is, so no result depends on which thread ran what. */
+/* Past the cache (x of stream.h's size or more, as float32), a pass is handed out in chunks, each to the
+ * first thread free, about LB_CHUNKS a thread (whole grains, none under LB_CHUNK_FROM elements): the caller
+ * waits for the last thread, and on a shared machine one thread's static share of a pass from memory ran late
+ * often enough to matter (Zen 4 guest, 4096 x 4096: libgomp's waits 8 % of TWN's samples with shares, 1 % with
+ * chunks; benchmarks/RESULTS.md). Within the cache each thread keeps its static share, whose data may still be
+ * in its own core's cache from the call before (chunks made 2112 x 384 float32 8-44 % slower). Every chunk is
+ * a run of whole grains, as a static share is, so no result depends on which thread ran what. */
 #define LB_CHUNKS 16
 #define LB_CHUNK_FROM ((int64_t)1 << 15)
 #define LB_MAX_PHASES 8
@@ -123,10 +91,9 @@ static volatile int64_t lb_chunks_run_total = 0;
 /* Tests and measurements: chunks a thread (1: one share each, the static split; 0: the library's rule). */
 void lb_set_chunks(int64_t chunks) { lb_chunks_override = chunks > 0 ? chunks : 0; }
 
-/* Tests: how many chunks torch's pool has run (a static share counts as one). */
+/* Tests: how many chunks the threads have run (a static share counts as one; a call on one thread none). */
 int64_t lb_chunks_run_count(void) { return __atomic_load_n(&lb_chunks_run_total, __ATOMIC_RELAXED); }
 
-#ifdef _OPENMP
 /* The chunk size for n elements on `threads` threads, in elements (a multiple of grain). */
 static int64_t lb_chunk_size(int64_t n, int64_t grain, int threads, int dynamic) {
     int64_t units = (n + grain - 1) / grain, chunks = dynamic && n >= lb_stream_from() / 4 ? LB_CHUNKS : 1;
@@ -146,6 +113,36 @@ static void lb_take_chunks(int64_t n, int64_t per, int64_t *next, lb_range_fn ru
     }
 }
 
+typedef struct {
+    lb_range_fn fn;
+    const void *context;
+    int64_t n, per, *next;
+    lb_float_state state;
+} lb_shared_pass;
+
+static void *lb_run_pass(void *argument) {
+    const lb_shared_pass *pass = argument;
+    lb_load_state(&pass->state);
+    lb_take_chunks(pass->n, pass->per, pass->next, pass->fn, pass->context);
+    return NULL;
+}
+
+/* Threads of our own, the caller among them; chunks a thread could not be started for go to the others. */
+static void lb_pthreads(int64_t n, int64_t per, int threads, lb_range_fn fn, const void *context) {
+    pthread_t handles[LB_MAX_THREADS];
+    int started[LB_MAX_THREADS] = {0};
+    int64_t next = 0, chunks = (n + per - 1) / per;
+    lb_shared_pass pass = {.fn = fn, .context = context, .n = n, .per = per, .next = &next};
+    lb_save_state(&pass.state);
+    if (threads > chunks) threads = (int)chunks;
+    for (int index = 1; index < threads; index++)
+        started[index] = pthread_create(&handles[index], NULL, lb_run_pass, &pass) == 0;
+    lb_take_chunks(n, per, &next, fn, context);
+    for (int index = 1; index < threads; index++)
+        if (started[index]) pthread_join(handles[index], NULL);
+}
+
+#ifdef _OPENMP
 static void lb_openmp(int64_t n, int64_t per, int threads, lb_range_fn fn, const void *context) {
     lb_float_state caller;
     int64_t next = 0;
@@ -169,11 +166,11 @@ static void lb_split(int64_t n, int64_t grain, int threads, int64_t minimum, int
     if (openmp && minimum > LB_OPENMP_FROM) minimum = LB_OPENMP_FROM;
     if (lb_threads_from_override) minimum = lb_threads_from_override;
     if (threads <= 1 || n < minimum) { fn(context, 0, n); return; }
+    int64_t per = lb_chunk_size(n, grain, threads, dynamic);
 #ifdef _OPENMP
-    if (openmp) { lb_openmp(n, lb_chunk_size(n, grain, threads, dynamic), threads, fn, context); return; }
+    if (openmp) { lb_openmp(n, per, threads, fn, context); return; }
 #endif
-    (void)dynamic; /* threads of our own: a share each */
-    lb_pthreads(n, (((n + grain - 1) / grain + threads - 1) / threads) * grain, threads, fn, context);
+    lb_pthreads(n, per, threads, fn, context);
 }
 
 /* The element kernels: chunks to the first thread free on torch's pool. */
