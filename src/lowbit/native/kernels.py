@@ -76,6 +76,12 @@ def chunks(count: int):
     return _override("lb_set_chunks", count)
 
 
+def prefetch(floats: int):
+    """The block kernels' software prefetch distance past the cache (csrc/stream.h) in floats, -1 for none
+    (benchmarks compare them), the library's own again on exit. Needs the library loaded."""
+    return _override("lb_set_prefetch", floats)
+
+
 def chunks_run() -> int:
     """How many chunks the loaded library's passes on torch's OpenMP pool have run (0: no library)."""
     entry = function("lb_chunks_run_count", [], I64)

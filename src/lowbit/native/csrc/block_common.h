@@ -278,6 +278,7 @@ LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t leng
                 int64_t count = last_index - group < per_group_ ? last_index - group : per_group_; \
                 const float *group_x = geometry.x + group * full; \
                 float *group_out = lb_sink_next(&sink_, group * full, count * full); \
+                if (streamed_) lb_prefetch(group_x, count * full); \
                 PARAM params_[LB_GROUP_BLOCKS]; \
                 GROUP(job, group, group_x, count, full, params_, MODE); \
                 APPLY_GROUP(APPLY, job, params_, group_x, group_out, count, full, MODE); \

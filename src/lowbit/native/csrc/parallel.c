@@ -87,7 +87,6 @@ __attribute__((constructor)) static void lb_watch_fork(void) { pthread_atfork(NU
 #define LB_MAX_PHASES 8
 static volatile int64_t lb_chunks_override = 0;
 static volatile int64_t lb_chunks_run_total = 0;
-
 /* Tests and measurements: chunks a thread (1: one share each, the static split; 0: the library's rule). */
 void lb_set_chunks(int64_t chunks) { lb_chunks_override = chunks > 0 ? chunks : 0; }
 

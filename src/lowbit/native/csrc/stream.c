@@ -4,11 +4,21 @@
  * that every kernel's streamed path runs on small tensors. */
 #include <stdint.h>
 #include <unistd.h>
+#include "stream.h"
 
 #define LB_STREAM_CAP ((int64_t)32 << 20)
 
 static volatile int64_t lb_stream_override = 0;
 static volatile int64_t lb_stream_probed = 0;
+
+static volatile int64_t lb_prefetch_override = 0;
+
+/* Benchmarks: the block kernels' prefetch distance in floats (< 0: none; 0: stream.h's LB_PREFETCH_AHEAD). */
+void lb_set_prefetch(int64_t floats) { lb_prefetch_override = floats; }
+int64_t lb_prefetch_distance(void) {
+    int64_t override = lb_prefetch_override;
+    return override < 0 ? 0 : (override ? override : LB_PREFETCH_AHEAD);
+}
 
 /* bytes > 0: stream from outputs of that size on, on any number of threads (tests); 0: the library's own rule. */
 void lb_set_stream_from(int64_t bytes) { lb_stream_override = bytes > 0 ? bytes : 0; }

@@ -1,11 +1,12 @@
-"""How the native kernels split a pass over threads, side by side in one process: each format with one static
-share a thread (``kernels.chunks(1)``, the split before the fourteenth session) and with the library's rule
-(past the cache: chunks to whichever thread is free; csrc/parallel.c), both interleaved with ``x.clone()``.
+"""How a native pass runs past the cache, side by side in one process, each format three ways interleaved
+with ``x.clone()``: as before the fourteenth session (one static share a thread, no software prefetch:
+``kernels.chunks(1)``, ``kernels.prefetch(-1)``), with chunks to whichever thread is free but no prefetch,
+and as the library does it (chunks, and the block kernels' prefetch; csrc/parallel.c, csrc/stream.h).
 
 Each round times 10 calls of every method in turn; the table gives the median over rounds of the time as a
-multiple of the same round's clone. Both splits give the same bits (checked before timing).
+multiple of the same round's clone. The three give the same bits (checked before timing).
 
-    .venv/bin/python benchmarks/chunks.py --rounds 9 --shape 4096x4096 --dtype float32
+    .venv/bin/python benchmarks/past_cache.py --rounds 9 --shape 4096x4096 --dtype float32
 """
 
 from __future__ import annotations
@@ -45,9 +46,12 @@ FORMATS = {
 }
 
 
-def split_call(spec: lowbit.FormatSpec, x: torch.Tensor, chunks: int) -> Callable[[], torch.Tensor]:
+WAYS = {"before": (1, -1), "chunks": (0, -1), "library": (0, 0)}  # (chunks a thread, prefetch); 0: the rule
+
+
+def way_call(spec: lowbit.FormatSpec, x: torch.Tensor, chunks: int, prefetch: int) -> Callable[[], torch.Tensor]:
     def call() -> torch.Tensor:
-        with kernels.chunks(chunks):  # 0: the library's rule
+        with kernels.chunks(chunks), kernels.prefetch(prefetch):
             return spec.quantize(x)
 
     return call
@@ -57,11 +61,13 @@ def measure(x: torch.Tensor, names: list[str], rounds: int) -> dict[str, float]:
     methods: dict[str, Callable[[], object]] = {"clone": x.clone}
     for name in names:
         spec = lowbit.get_format(FORMATS[name][0])(**FORMATS[name][1])
-        methods[f"{name} static"], methods[f"{name} chunks"] = split_call(spec, x, 1), split_call(spec, x, 0)
-        static, chunked = methods[f"{name} static"](), methods[f"{name} chunks"]()
-        if not torch.equal(static.view(torch.int16 if x.dtype != torch.float32 else torch.int32),
-                           chunked.view(torch.int16 if x.dtype != torch.float32 else torch.int32)):
-            raise SystemExit(f"{name}: the two splits gave different bits")
+        bits = torch.int16 if x.dtype != torch.float32 else torch.int32
+        results = []
+        for way, (chunks, prefetch) in WAYS.items():
+            methods[f"{name} {way}"] = way_call(spec, x, chunks, prefetch)
+            results.append(methods[f"{name} {way}"]().view(bits))
+        if not all(torch.equal(results[0], other) for other in results[1:]):
+            raise SystemExit(f"{name}: the ways gave different bits")
     seconds: dict[str, list[float]] = {name: [] for name in methods}
     for _ in range(rounds):
         for name, method in methods.items():
@@ -93,9 +99,9 @@ def main() -> None:
     print(header_line() + "; " + allocator)
     print(f"\n{args.shape} {args.dtype}, native backend, median of {args.rounds} rounds, x clone "
           f"(clone {ratios['clone ms']:.2f} ms)\n")
-    print("| format | static shares | chunks (the rule) |\n|---|---:|---:|")
+    print("| format | before: static shares | chunks | chunks + block prefetch (the library) |\n|---|---:|---:|---:|")
     for name in args.only:
-        print(f"| {name} | {ratios[name + ' static']:.2f} | {ratios[name + ' chunks']:.2f} |")
+        print(f"| {name} | " + " | ".join(f"{ratios[f'{name} {way}']:.2f}" for way in WAYS) + " |")
 
 
 if __name__ == "__main__":
