@@ -243,7 +243,6 @@ static inline __attribute__((always_inline)) void whole_blocks(const affine_job 
     for (int64_t batch = first; batch < last; batch += per_batch) {
         int64_t count = last - batch < per_batch ? last - batch : per_batch;
         int64_t k = 0;
-        if (streamed) lb_prefetch(job->x + batch * block, count * block);
         for (; k + LANES <= count; k += LANES) blocks_min_max(job->x + (batch + k) * block, block, lows + k, highs + k);
         for (; k < count; k++) block_min_max(job->x + (batch + k) * block, block, lows + k, highs + k);
         if (!derive_nearest_batch(c, lows, highs, count, &params, mode)) derive_batch_arrays(c, lows, highs, count, &params);

@@ -63,14 +63,15 @@ static inline void lb_stream_fence(void) {
 #endif
 }
 
-/* Software prefetch for the block kernels past the cache (block_common.h's groups, affine.c's batches): before
- * each group of blocks, the lines LB_PREFETCH_AHEAD floats (a 4 KiB page) past it are asked into the L2 cache.
- * Those kernels compute enough per line that the hardware's prefetchers fell behind on a Zen 4 guest (4096 x
- * 4096, two threads, x clone: block_minifloat 1.17-1.56 -> 1.03-1.18, block_log 1.06-1.24 -> 0.82-1.02, mxint8
- * 1.09-1.20 -> 0.94-0.99; benchmarks/RESULTS.md), while the element-wise and sign passes, whose arithmetic is
- * lighter, ran slower with it (e4m3 0.87-1.09 -> 1.06-1.14, TWN 1.80-1.95 -> 2.01-2.09): they do without. */
+/* Software prefetch for the block kernels past the cache (block_common.h's groups of blocks): before each
+ * group, the lines LB_PREFETCH_AHEAD floats (a 4 KiB page) past it are asked into the L2 cache. Those kernels
+ * compute enough per line that the hardware's prefetchers fell behind on a Zen 4 guest (4096 x 4096, two
+ * threads, x clone: block_minifloat 1.17-1.56 -> 1.03-1.18, block_log 1.06-1.24 -> 0.82-1.02, mxint8 1.09-1.20
+ * -> 0.94-0.99; benchmarks/RESULTS.md), while the element-wise and sign passes, whose arithmetic is lighter, ran
+ * slower with it (e4m3 0.87-1.09 -> 1.06-1.14, TWN 1.80-1.95 -> 2.01-2.09), and affine's blocks (q4s) gained
+ * nothing clear: they do without. */
 #define LB_PREFETCH_AHEAD 1024
-int64_t lb_prefetch_distance(void); /* floats ahead, 0: none (parallel.c; tests and benchmarks set it) */
+int64_t lb_prefetch_distance(void); /* floats ahead, 0: none (stream.c; benchmarks set it) */
 static inline void lb_prefetch(const float *x, int64_t n) {
     int64_t ahead = lb_prefetch_distance();
     if (!ahead) return;
