@@ -172,7 +172,7 @@ static void lb_split(int64_t n, int64_t grain, int threads, int64_t minimum, int
     lb_pthreads(n, per, threads, fn, context);
 }
 
-/* The element kernels: chunks to the first thread free on torch's pool. */
+/* The format kernels: past the cache, chunks to the first thread free; within it, a share a thread. */
 void lb_parallel(int64_t n, int64_t grain, int threads, lb_range_fn fn, const void *context) {
     lb_split(n, grain, threads, LB_PTHREADS_FROM, 1, fn, context);
 }
