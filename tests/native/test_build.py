@@ -80,6 +80,50 @@ def test_a_failing_compiler_is_reported_and_the_eager_path_answers(fresh_cache, 
         backend.set_backend("eager")
 
 
+def counting_compiler(folder, refuse: str) -> tuple[str, object]:
+    """A compiler that refuses every call whose flags contain ``refuse`` and counts those calls in a file."""
+    calls = folder / "refused-calls"
+    fake = folder / "countingcc"
+    refusal = f"echo x >> {calls}; echo 'countingcc: refused' >&2; exit 1;;"
+    fake.write_text(f"#!/bin/sh\ncase \"$*\" in *{refuse}*) {refusal} esac\nexec {build.compiler()} \"$@\"\n")
+    fake.chmod(0o755)
+    return str(fake), lambda: len(calls.read_text().splitlines()) if calls.exists() else 0
+
+
+@needs_compiler
+def test_a_refused_flag_set_is_not_tried_again_until_its_marker_is_old(fresh_cache, monkeypatch, tmp_path):
+    """Where -march=native fails, every later process paid for the attempt (all sources compiled first); the
+    refusal is remembered beside the cache for a day, and the first source's failure stops the rest."""
+    fake, refused = counting_compiler(tmp_path, "-march=native")
+    monkeypatch.setenv("CC", fake)
+    monkeypatch.delenv("LOWBIT_NATIVE_MARCH", raising=False)
+    with pytest.warns(RuntimeWarning, match="built without -march=native"):
+        assert build.ensure() is not None
+    first = refused()
+    assert 1 <= first <= (os.cpu_count() or 1)  # the sources running when the first one failed, no more
+    markers = list(fresh_cache.glob("native-*.failed"))
+    assert len(markers) == 1 and "countingcc: refused" in markers[0].read_text()
+    build.reset()
+    with pytest.warns(RuntimeWarning, match="built without -march=native.*countingcc: refused"):
+        assert build.ensure() is not None  # the marker's reason, said again
+    assert refused() == first  # not tried again
+    old = markers[0].stat().st_mtime - build.RETRY_FAILED_S - 60
+    os.utime(markers[0], (old, old))
+    build.reset()
+    with pytest.warns(RuntimeWarning, match="built without -march=native"):
+        assert build.ensure() is not None
+    assert refused() > first  # a day later: tried again
+
+
+def test_a_timed_out_or_killed_compile_leaves_no_marker(tmp_path):
+    library = tmp_path / "native-abc.so"
+    build._remember_failure(library, "gcc -march=native failed: timed out")
+    build._remember_failure(library, "gcc -march=native failed: killed by signal 9")
+    assert not list(tmp_path.iterdir())
+    build._remember_failure(library, "gcc -march=native failed: unknown target")
+    assert build._failed_before(library) == "gcc -march=native failed: unknown target"
+
+
 @needs_compiler
 def test_a_build_without_march_native_is_said_once_and_still_loads(fresh_cache, monkeypatch, tmp_path):
     """A compiler that refuses -march=native: the next flag set builds the library (same bits, slower), and

@@ -3,14 +3,17 @@
 The C sources in ``csrc/`` are compiled once per machine into a shared library, with the machine's own
 instruction set (``-march=native``: the compiler probes the CPU) and IEEE arithmetic kept exact (no fast-math,
 no contraction of a*b+c into a fused multiply-add, so every kernel rounds exactly as the eager torch ops do).
-A build takes 10-30 s on 2 cores (one compiler process per source file, in parallel); it never runs at import, and ``auto`` starts it on a background thread (a
-compiler subprocess: nothing in this process is patched or traced), answering eagerly until it is loaded.
+A build takes 30-50 s on 2 cores (one compiler process per source file, in parallel); it never runs at import,
+and ``auto`` starts it on a background thread (a compiler subprocess: nothing in this process is patched or
+traced), answering eagerly until it is loaded.
 
 Cache: ``$LOWBIT_CACHE_DIR`` (else ``$XDG_CACHE_HOME/lowbit``, else ``~/.cache/lowbit``) holds
 ``native-<key>.so`` and its sealed checksum ``native-<key>.so.sha256``; the key covers the sources, the
 compiler and its version, the flags and the CPU (model and ISA flags), so a cache shared between machines
 never loads a library built for another CPU. Both files appear whole or not at all (written to a temporary
-name, then renamed), and a library whose bytes do not match its checksum is rebuilt, never loaded.
+name, then renamed), and a library whose bytes do not match its checksum is rebuilt, never loaded. A flag
+set the compiler refused leaves ``native-<key>.failed`` (its message), which later processes read instead of
+compiling again, for a day.
 ``LOWBIT_NATIVE=0`` turns the native path off; ``$CC`` picks the compiler; ``$LOWBIT_NATIVE_OPT`` (0-3) the
 optimisation level (default 3; same bits at every level).
 
@@ -25,7 +28,6 @@ from __future__ import annotations
 import atexit
 import ctypes
 import hashlib
-import time
 import os
 import platform
 import shutil
@@ -33,8 +35,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
+
+from lowbit._io import atomic_write_text
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
 # Exact IEEE semantics: no -ffast-math, no FMA contraction, no errno calls in the rounding functions.
@@ -48,6 +53,10 @@ BASE_FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-fno-t
 ARCH_FLAGS = [["-march=native"], []]  # the second: compilers / targets without -march=native
 OPENMP_FLAGS = ["-fopenmp"]
 BUILD_TIMEOUT_S = 120
+# A flag set the compiler refused (it exited with an error: not a time-out or a kill) is not tried again for
+# this long in later processes: its marker (``native-<key>.failed``) holds the message. The key covers the
+# sources, the compiler and its version, the flags and the CPU, so any change of those tries it again.
+RETRY_FAILED_S = 24 * 3600
 
 _state: dict = {"library": None, "error": None, "thread": None, "fallback": None}
 _lock = threading.Lock()  # held by ensure() for the whole build
@@ -200,12 +209,41 @@ def _load_or_build() -> ctypes.CDLL:
     choices = _flag_choices()
     for flags in choices:
         path = folder / f"native-{_key(cc, flags)}.so"
+        if not _sealed(path) and (message := _failed_before(path)) is not None:
+            failures.append(message)
+            continue
         if _sealed(path) or (message := _compile(cc, flags, path)) is None:
             if failures:
                 _note_fallback([flag for flag in choices[0] if flag not in flags], failures[0])
             return ctypes.CDLL(str(path))
+        _remember_failure(path, message)
         failures.append(message)
     raise RuntimeError("; ".join(failures))
+
+
+def _failure_marker(path: Path) -> Path:
+    return path.with_name(path.name[: -len(".so")] + ".failed")
+
+
+def _failed_before(path: Path) -> str | None:
+    """The compiler's message for this library's flag set if it refused them less than RETRY_FAILED_S ago."""
+    marker = _failure_marker(path)
+    try:
+        if time.time() - marker.stat().st_mtime < RETRY_FAILED_S:
+            return marker.read_text(errors="replace")[:2000] or "failed before"
+    except OSError:
+        pass
+    return None
+
+
+def _remember_failure(path: Path, message: str) -> None:
+    """Write the marker for a refusal (not for a time-out or a killed compiler: those may pass next time)."""
+    if "timed out" in message or "killed by signal" in message:
+        return
+    try:
+        atomic_write_text(_failure_marker(path), message)
+    except OSError:  # an unwritable cache: the next process tries again, as before
+        pass
 
 
 def _note_fallback(dropped: list[str], failure: str) -> None:
@@ -325,8 +363,11 @@ def _compile_objects(cc: str, flags: list[str], folder: str) -> str | None:
             process.kill()
             process.communicate()
             errors, process.returncode = "timed out", 1
+        if process.returncode < 0:
+            errors = f"killed by signal {-process.returncode}"
         if process.returncode != 0 and failure is None:
             failure = errors.strip()[-300:]
+            pending.clear()  # one failure fails the build: start no more sources
     return failure
 
 
