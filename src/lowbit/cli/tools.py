@@ -45,7 +45,8 @@ def add_tool_commands(sub: Any) -> None:
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--save-dir", help="folder for report.json / report.html (default: <project>/software/transform/report)")
+    parser.add_argument("--save-dir",
+                        help="folder for report.json / report.html (default: <project>/software/transform/report)")
     from lowbit.cli.arguments import parse_bool
 
     parser.add_argument("--sensitivity", type=parse_bool, default=True,

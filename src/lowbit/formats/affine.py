@@ -411,7 +411,7 @@ def _as_tuple(spec: FormatSpec, name: str, kind: type) -> tuple | None:
     if not all(is_number(v) and math.isfinite(v) for v in items):  # no bools, strings or bytes
         raise FormatError(f"{spec.format_name}: {name}={value!r} is invalid; expected finite numbers")
     converted = tuple(kind(v) for v in items)
-    if kind is int and any(float(v) != c for v, c in zip(items, converted)):
+    if kind is int and any(float(v) != c for v, c in zip(items, converted, strict=True)):
         raise FormatError(f"{spec.format_name}: {name}={value!r} must be integers")
     object.__setattr__(spec, name, converted)
     return converted
