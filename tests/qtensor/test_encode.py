@@ -240,3 +240,16 @@ def test_wide_integer_codes_need_float64():
     with pytest.raises(FormatError, match="outside the 32-bit range.*use float64"):
         encode(x, "integer", width=32, frac_width=0)
     check(x.double(), "integer", width=32, frac_width=0)
+
+
+@pytest.mark.parametrize("block", [[1], [1, 32, 1], [32, 1, 1]])
+def test_a_stored_block_of_the_wrong_rank_fails_the_load_with_a_format_error(block):
+    """A header's block has one entry per dimension of the codes; one with fewer or more entries (a damaged or
+    hand-edited file) was cut silently to the codes' rank before, and must fail as a FormatError."""
+    x = data((6, 64), torch.float32, seed=3)
+    tensors, header = encode(x, get_format("mxfp4_e2m1")()).to_state()
+    assert header["block"] == [1, 32]
+    QTensor.from_state(tensors, header)  # the stored block loads
+    header["block"] = block
+    with pytest.raises(FormatError, match="does not fit codes of shape"):
+        QTensor.from_state(tensors, header)

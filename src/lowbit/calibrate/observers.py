@@ -42,10 +42,10 @@ class MinMax(NamedTuple):
 
 def _grouped(x: torch.Tensor, block: tuple[int, ...]) -> torch.Tensor:
     """x as [blocks, elements per block]; padding is NaN so that no statistic can see it."""
-    pads = [(-dim) % size for dim, size in zip(x.shape, block)]
+    pads = [(-dim) % size for dim, size in zip(x.shape, block, strict=True)]
     if any(pads):
         x = F.pad(x, [p for pad in reversed(pads) for p in (0, pad)], value=math.nan)
-    blocked = x.reshape([v for dim, size in zip(x.shape, block) for v in (dim // size, size)])
+    blocked = x.reshape([v for dim, size in zip(x.shape, block, strict=True) for v in (dim // size, size)])
     order = list(range(0, 2 * x.dim(), 2)) + list(range(1, 2 * x.dim(), 2))
     return blocked.permute(order).reshape(-1, math.prod(block))
 
@@ -105,7 +105,7 @@ class Observer:
                 f"{type(self).__name__}: input of shape {tuple(x.shape)} gives ranges of shape {shape}, but earlier "
                 f"inputs gave {self.stats_shape}; a block_size of -1 covers a dimension whose size varies"
             )
-        padded = any(dim % size for dim, size in zip(work.shape, block))
+        padded = any(dim % size for dim, size in zip(work.shape, block, strict=True))
         self._observe(_grouped(work, block), clean=nonfinite == 0 and not padded and not meta)
         self.count += work.numel() - nonfinite
         self.nonfinite_count += nonfinite
@@ -118,7 +118,7 @@ class Observer:
     def _stats_shape(self, shape: tuple[int, ...], block: tuple[int, ...]) -> tuple[int, ...]:
         if self.block_size is None and self.axis is None:
             return ()
-        counts = tuple(-(-dim // size) for dim, size in zip(shape, block))
+        counts = tuple(-(-dim // size) for dim, size in zip(shape, block, strict=True))
         return (math.prod(counts),) if self.block_size is None else counts
 
     # ---- results -----------------------------------------------------------------------------------------

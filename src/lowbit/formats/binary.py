@@ -182,7 +182,7 @@ def residual_values(means: tuple[float, ...]) -> tuple[float, ...]:
     """
     tolerance = 1e-9 * math.fsum(means)
     signs = itertools.product((-1.0, 1.0), repeat=len(means))
-    magnitudes = sorted({abs(math.fsum(s * m for s, m in zip(pattern, means))) for pattern in signs})
+    magnitudes = sorted({abs(math.fsum(s * m for s, m in zip(pattern, means, strict=True))) for pattern in signs})
     kept: list[float] = []
     for value in magnitudes:
         value = 0.0 if value <= tolerance else value
@@ -266,10 +266,11 @@ class BinaryResidual(FormatSpec):
         # counting (elementwise, fused) beats a binary search up to 16 values; eager PyTorch is faster with
         # bucketize. Both give the same index.
         if values.numel() <= _COUNTED_GRID_SIZE and torch.compiler.is_compiling():
-            index = sum(((x > m) if up else (x >= m)).to(torch.int64) for m, up in zip(midpoints.unbind(), above))
+            index = sum(((x > m) if up else (x >= m)).to(torch.int64)
+                        for m, up in zip(midpoints.unbind(), above, strict=True))
         else:
             index = torch.bucketize(x, midpoints, right=True)
-            for m, up in zip(rounded, above):
+            for m, up in zip(rounded, above, strict=True):
                 if up:
                     index = index - (x == m).to(torch.int64)
         out = values.take(index)  # not values[index]: a 0-d index tensor would be read back as a Python int

@@ -58,7 +58,7 @@ def block_shape(
     else:
         tail = list(block_size)[-ndim:] if ndim else []
         block = [1] * (ndim - len(tail)) + tail
-    block = [dim if (b == -1 or b > dim) else b for b, dim in zip(block, shape)]
+    block = [dim if (b == -1 or b > dim) else b for b, dim in zip(block, shape, strict=True)]
     if skip_first_dim and ndim > 0:
         block[0] = 1
     return tuple(max(b, 1) for b in block)
@@ -94,11 +94,11 @@ def _apply_interleaved(x: torch.Tensor, block: Sequence[int], fn: BlockFn) -> to
     if x.dim() == 0:
         return _apply_interleaved(x.reshape(1), (1,), fn).reshape(())
     shape = x.shape
-    pads = [(-dim) % b for dim, b in zip(shape, block)]
+    pads = [(-dim) % b for dim, b in zip(shape, block, strict=True)]
     if any(pads):
         pad_arg = [p for pad in reversed(pads) for p in (0, pad)]
         x = F.pad(x, pad_arg)
-    blocked_shape = [v for dim, b in zip(x.shape, block) for v in (dim // b, b)]
+    blocked_shape = [v for dim, b in zip(x.shape, block, strict=True) for v in (dim // b, b)]
     blocked = x.reshape(blocked_shape)
     reduce_dims = tuple(range(1, 2 * x.dim(), 2))
     out = fn(blocked, reduce_dims).reshape(x.shape)
@@ -211,7 +211,7 @@ def can_branch_on_data(x: torch.Tensor) -> bool:
 
 def num_blocks(shape: Sequence[int], block: Sequence[int]) -> int:
     count = 1
-    for dim, b in zip(shape, block):
+    for dim, b in zip(shape, block, strict=True):
         count *= -(-dim // b)
     return count
 

@@ -317,7 +317,7 @@ class _OcpFloat(FormatSpec):
             return torch.ones((1,) * work.dim(), dtype=work.dtype, device=work.device)
         if self.scale is not None:  # per tensor ([1, 1, ...]) or per channel ([1, C, 1, ...])
             block = block_shape(work.shape, None, self.axis)
-            return self.given_scale(work).expand([-(-d // b) for d, b in zip(work.shape, block)]).clone()
+            return self.given_scale(work).expand([-(-d // b) for d, b in zip(work.shape, block, strict=True)]).clone()
         block = block_shape(work.shape, self.block_size, self.axis, self.skip_first_dim)
         return block_statistics(work, block, self._block_scale)
 

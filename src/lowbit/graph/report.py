@@ -144,7 +144,7 @@ def grid(rows: list[dict[str, Any]]) -> str:
 
 
 def _grid_line(texts: list[str], widths: list[int]) -> str:
-    return "| " + " | ".join(text.ljust(width) for text, width in zip(texts, widths)) + " |"
+    return "| " + " | ".join(text.ljust(width) for text, width in zip(texts, widths, strict=True)) + " |"
 
 
 def _rich_classes():

@@ -100,8 +100,8 @@ def print_table(title: str, columns: tuple[str, ...], rows: list[dict[str, Any]]
     except ImportError:
         widths = [max(len(c), *(len(str(r[c])) for r in rows)) if rows else len(c) for c in columns]
         print(title)
-        for line in [dict(zip(columns, columns)), *rows]:
-            print("  ".join(str(line[c]).ljust(w) for c, w in zip(columns, widths)))
+        for line in [dict(zip(columns, columns, strict=True)), *rows]:
+            print("  ".join(str(line[c]).ljust(w) for c, w in zip(columns, widths, strict=True)))
         return
     table = Table(title=title)
     for column in columns:

@@ -154,7 +154,7 @@ def _derived_layout(spec, shape: torch.Size, block_shape) -> tuple | None:
         return _TENSOR, numel, 1, 1
     if all(b == 1 for b in block[:-1]):
         return _ROWS, numel // shape[-1], shape[-1], block[-1]
-    split = [index for index, (b, dim) in enumerate(zip(block, shape)) if b != dim]
+    split = [index for index, (b, dim) in enumerate(zip(block, shape, strict=True)) if b != dim]
     if len(split) != 1 or block[split[0]] != 1:
         return None
     axis = split[0]

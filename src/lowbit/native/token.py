@@ -46,7 +46,7 @@ def rescale(sums: torch.Tensor, scale: torch.Tensor, weight_scale: torch.Tensor,
         return None
     rows, columns = sums.shape
     lengths = (rows, columns, rows, columns, columns)  # what the kernel reads of each vector
-    if any(v is not None and v.numel() != length for v, length in zip(vectors, lengths)):
+    if any(v is not None and v.numel() != length for v, length in zip(vectors, lengths, strict=True)):
         return None
     in_place = sums.dtype == torch.float32 or owned
     out = sums if in_place else torch.empty(rows, columns)

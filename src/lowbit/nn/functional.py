@@ -35,7 +35,7 @@ def _conv(f: RoleFormats, conv, simulated, x, weight, bias, args, kwargs):
     if _accumulator(f) is None:
         return f.apply("data_out", conv(*operands, *args, **kwargs))
     names = ("stride", "padding", "dilation", "groups")
-    options = {**dict(zip(names, args)), **kwargs}
+    options = {**dict(zip(names, args, strict=False)), **kwargs}  # args: any leading ones of names
     return f.apply("data_out", simulated(*operands, f.accumulator, **options, stream=f.stream))
 
 

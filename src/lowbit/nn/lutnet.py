@@ -70,7 +70,7 @@ def sign_patterns(spec: FormatSpec, dtype: torch.dtype) -> tuple[torch.Tensor, t
     +...+, +...-, ..., i.e. the greedy residual sign)."""
     grid = spec.value_set().to(dtype).unique()
     candidates = list(itertools.product((1.0, -1.0), repeat=len(spec.means)))
-    sums = [math.fsum(s * m for s, m in zip(pattern, spec.means)) for pattern in candidates]
+    sums = [math.fsum(s * m for s, m in zip(pattern, spec.means, strict=True)) for pattern in candidates]
     chosen = [min(range(len(candidates)), key=lambda c: (abs(sums[c] - value), c)) for value in grid.tolist()]
     return grid, torch.tensor([candidates[c] for c in chosen], dtype=dtype)
 

@@ -57,7 +57,7 @@ def quantize_groups(weight: torch.Tensor, group_size: int, scale_dtype: torch.dt
                 best, best_error = list(trial), error
                 continue
             better = error < best_error
-            best = [torch.where(better, new, old) for new, old in zip(trial, best)]
+            best = [torch.where(better, new, old) for new, old in zip(trial, best, strict=True)]
             best_error = torch.where(better, error, best_error)
     codes, scale, zero_point = best
     return (codes.reshape(n, k).to(torch.uint8), scale.squeeze(-1).to(scale_dtype),

@@ -233,7 +233,7 @@ def _latency_runs(runs: Any) -> int:
 def _check_labels(metric: TaskMetric) -> None:
     if metric.kind != "accuracy":
         return
-    for index, (outputs, labels) in enumerate(zip(metric.float_outputs, metric.labels)):
+    for index, (outputs, labels) in enumerate(zip(metric.float_outputs, metric.labels, strict=True)):
         if not isinstance(labels, torch.Tensor) or labels.shape != outputs.shape[:-1]:
             shape = tuple(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__
             raise ReportError(f"{PASS_NAME}: label batch {index} is {shape}; expected a tensor of shape "

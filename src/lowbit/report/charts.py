@@ -63,7 +63,7 @@ def sqnr_chart(report: dict[str, Any]) -> bytes:
     alone, _ = _finite_for_plot([row["local_sqnr_db"] for row in rows])
     axes.barh([p - 0.2 for p in positions], full, height=0.4, color=_BAR, label="in the quantized model")
     axes.barh([p + 0.2 for p in positions], alone, height=0.4, color=_ALONE, label="layer alone")
-    for position, value, note in zip(positions, full, full_notes):
+    for position, value, note in zip(positions, full, full_notes, strict=True):
         axes.annotate(note, (value, position - 0.2), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
     axes.set_yticks(positions, names)
     axes.invert_yaxis()
@@ -98,7 +98,7 @@ def bits_chart(report: dict[str, Any]) -> bytes | None:
         values = [entry["bits_per_element"] if quantized(entry) else 0.0 for entry in entries]
         top = max(top, *values)
         axes.barh(offsets, values, height=width, color=ROLE_COLOURS[role], label=role)
-        for offset, value in zip(offsets, values):
+        for offset, value in zip(offsets, values, strict=True):
             if value:
                 axes.annotate(f"{value:.3g}", (value, offset), xytext=(2, 0), textcoords="offset points",
                               va="center", fontsize=7)  # fmt: skip
@@ -125,7 +125,7 @@ def sensitivity_chart(report: dict[str, Any]) -> bytes | None:
     deltas = [entry["metric"] - summary["float_metric"] for entry in ranking]
     values = [0.0 if math.isnan(d) else d * scale for d in deltas]
     axes.barh(range(len(ranking)), values, color="#8172b3")
-    for position, (value, delta) in enumerate(zip(values, deltas)):
+    for position, (value, delta) in enumerate(zip(values, deltas, strict=True)):
         note = "n/a" if math.isnan(delta) else f"{value:.3g}"
         axes.annotate(note, (value, position), xytext=(3 if value >= 0 else -3, 0), textcoords="offset points",
                       va="center", ha="left" if value >= 0 else "right", fontsize=8)  # fmt: skip

@@ -38,7 +38,7 @@ def gradient_sqnr(quantized: nn.Module, original: nn.Module, layers: list[Layer]
         float_grads = _gradients(original, batches[0], target, float_weights)
         quantized_grads = _gradients(quantized, batches[0], target, quantized_weights)
     result: dict[str, float | None] = {layer.name: None for layer in layers}
-    for name, float_grad, quantized_grad in zip(pairs, float_grads, quantized_grads):
+    for name, float_grad, quantized_grad in zip(pairs, float_grads, quantized_grads, strict=True):
         if float_grad is not None and quantized_grad is not None:
             result[name] = sqnr_db(float_grad, quantized_grad)
     return result

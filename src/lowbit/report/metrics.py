@@ -206,9 +206,9 @@ class TaskMetric:
 
     def score(self, outputs: list[torch.Tensor]) -> float:
         if self.kind == "accuracy":
-            hits = sum(correct_predictions(o, y) for o, y in zip(outputs, self.labels))
+            hits = sum(correct_predictions(o, y) for o, y in zip(outputs, self.labels, strict=True))
             return hits / sum(int(y.numel()) for y in self.labels)
-        cosines = [cosine_similarities(f, o) for f, o in zip(self.float_outputs, outputs)]
+        cosines = [cosine_similarities(f, o) for f, o in zip(self.float_outputs, outputs, strict=True)]
         return float(torch.cat(cosines).mean())
 
 

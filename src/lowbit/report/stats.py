@@ -129,5 +129,5 @@ def update_all(stats: dict[str, LayerStats], float_calls: dict, quantized_calls:
             raise ReportError(f"layer {name!r} ran {len(quantized)} time(s) in the quantized model but "
                               f"{len(floats)} in the float model on batch {batch_index}; "
                               "the models do not match")  # fmt: skip
-        for float_call, quantized_call in zip(floats, quantized):
+        for float_call, quantized_call in zip(floats, quantized, strict=True):
             layer_stats.update(float_call, quantized_call)

@@ -28,7 +28,7 @@ def beats(a: dict[str, float], b: dict[str, float], axes: dict[str, str]) -> boo
 def _rank(record: dict[str, Any], axes: dict[str, str]) -> tuple[float, ...]:
     """Sort key, best first: the better task metric, then the better bits, then the earlier trial."""
     signs = [1.0 if direction == "minimize" else -1.0 for direction in axes.values()]
-    values = [sign * record["metrics"][name] for sign, name in zip(signs, axes)]
+    values = [sign * record["metrics"][name] for sign, name in zip(signs, axes, strict=True)]
     return (*[math.inf if math.isnan(v) else v for v in values], record["number"])
 
 

@@ -197,7 +197,7 @@ def role_candidates(role: str, table: Any, where: str) -> dict[str, dict[str, An
             raise ConfigError(f"{where}: roles.{role}.{name} must be a table of parameter lists")
         lists = {k: (v if isinstance(v, list) and k != "block_size" or _nested(v) else [v]) for k, v in params.items()}
         for combination in itertools.product(*lists.values()):
-            fmt = {"name": name, **dict(zip(lists, combination))}
+            fmt = {"name": name, **dict(zip(lists, combination, strict=True))}
             candidates[_label(fmt)] = fmt
     return candidates
 

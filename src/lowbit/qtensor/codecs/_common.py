@@ -58,7 +58,7 @@ class Codec:
 
 # ---- block grids ------------------------------------------------------------------------------------------
 def grid_shape(shape: Sequence[int], block: Sequence[int]) -> tuple[int, ...]:
-    return tuple(-(-dim // b) for dim, b in zip(shape, block))
+    return tuple(-(-dim // b) for dim, b in zip(shape, block, strict=True))
 
 
 def block_stat(x: torch.Tensor, block: Sequence[int], statistic: Callable[[torch.Tensor, tuple], Any]) -> Any:
@@ -83,12 +83,14 @@ def expand_blocks(grid: torch.Tensor, shape: Sequence[int], block: Sequence[int]
     shape = tuple(shape)
     if not shape:
         return grid.reshape(())
+    if len(block) != len(shape):  # a stored block read back from a file
+        raise FormatError(f"a block of shape {tuple(block)} does not fit codes of shape {shape}")
     counts = grid_shape(shape, block)
     if tuple(grid.shape) != counts:
         raise FormatError(f"block parameters of shape {tuple(grid.shape)} do not match the block grid {counts}")
-    interleaved = [v for n, b in zip(counts, block) for v in (n, b)]
+    interleaved = [v for n, b in zip(counts, block, strict=True) for v in (n, b)]
     view = grid.reshape([v for n in counts for v in (n, 1)]).expand(interleaved)
-    padded = view.reshape([n * b for n, b in zip(counts, block)])
+    padded = view.reshape([n * b for n, b in zip(counts, block, strict=True)])
     return padded[tuple(slice(0, dim) for dim in shape)]
 
 
