@@ -39,8 +39,6 @@ import time
 import warnings
 from pathlib import Path
 
-from lowbit._io import atomic_write_text
-
 SOURCE_DIR = Path(__file__).parent / "csrc"
 # Exact IEEE semantics: no -ffast-math, no FMA contraction, no errno calls in the rounding functions.
 # -fno-trapping-math changes no value (no reassociation, no contraction): it tells the compiler that no one
@@ -240,8 +238,12 @@ def _remember_failure(path: Path, message: str) -> None:
     """Write the marker for a refusal (not for a time-out or a killed compiler: those may pass next time)."""
     if "timed out" in message or "killed by signal" in message:
         return
-    try:
-        atomic_write_text(_failure_marker(path), message)
+    marker = _failure_marker(path)
+    try:  # whole or not at all, as the library and its seal (native sits beside lowbit._io, not above it)
+        handle, temporary = tempfile.mkstemp(prefix=".native-", suffix=".failed", dir=path.parent)
+        with os.fdopen(handle, "w") as file:
+            file.write(message)
+        os.replace(temporary, marker)
     except OSError:  # an unwritable cache: the next process tries again, as before
         pass
 
