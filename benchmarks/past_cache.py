@@ -20,13 +20,13 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
-from machine import header_line  # noqa: E402
-from timing import pin_allocator  # noqa: E402
+import torch
+from machine import header_line
+from timing import pin_allocator
 
-import lowbit  # noqa: E402
-from lowbit import backend  # noqa: E402
-from lowbit.native import kernels  # noqa: E402
+import lowbit
+from lowbit import backend
+from lowbit.native import kernels
 
 FORMATS = {
     "ternary": ("ternary", {"scaling_factor": True}),

@@ -143,7 +143,7 @@ if pid == 0:  # no torch op that may go parallel here: torch's own would wait fo
 _, status = os.waitpid(pid, 0)
 sys.exit(os.waitstatus_to_exitcode(status))
 """
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     data = answer.read_bytes()
     x = torch.linspace(-300, 300, 1 << 14).reshape(64, 256)

@@ -219,8 +219,8 @@ def test_unencodable_formats_and_values_raise_clear_errors():
 
 
 # ---- property test: random float32 data, specials included, against lowbit.quantize -------------------------
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given
+from hypothesis import strategies as st
 
 FINITE_OR_INF = st.one_of(st.floats(width=32, allow_nan=False, allow_infinity=True),
                           st.sampled_from([0.0, -0.0, 1e-45, -2.0**-130, 3.4e38, -3.4e38]))  # fmt: skip

@@ -134,6 +134,6 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
         if not self.packed_fits():
             raise ConfigError(f"path 'int4pack' needs out_features % 16 == 0 and group_size in 32..256 and the "
                               f"kernel; this module has {self.out_features} outputs, group {self.group_size}")  # fmt: skip
-        build = lambda: kernels.int4pack_weight(self.codes(), self.weight_scale, self.weight_zero_point)  # noqa: E731
+        build = lambda: kernels.int4pack_weight(self.codes(), self.weight_scale, self.weight_zero_point)
         packed, pairs = self.derived("int4pack", build)
         return self._add_bias(kernels.int4pack_linear(rows, packed, self.group_size, pairs))

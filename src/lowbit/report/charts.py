@@ -84,7 +84,7 @@ def bits_chart(report: dict[str, Any]) -> bytes | None:
     """Bits per element of every quantized role of every layer (scales and zero points included); roles
     left in float are not drawn (their 32-bit bars would squash the low-bit ones): see float_roles."""
     rows = report["layers"]
-    quantized = lambda entry: entry is not None and entry["format"] != "float"  # noqa: E731
+    quantized = lambda entry: entry is not None and entry["format"] != "float"
     roles = [role for role in ROLE_COLOURS if any(quantized(row["roles"].get(role)) for row in rows)]
     if not roles:
         return None
