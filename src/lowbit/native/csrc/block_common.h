@@ -270,6 +270,7 @@ LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t leng
         const int64_t full = (LENGTH) ? (LENGTH) : geometry.block_length; \
         int64_t first_index = (begin) / full, last_index = (end) / full; \
         const int streamed_ = geometry.streamed && full <= LB_TILE; /* a group's blocks fit the tile */ \
+        const int64_t ahead_ = streamed_ ? lb_prefetch_distance() : 0; /* read once a range */ \
         int64_t per_group_ = streamed_ && full * LB_GROUP_BLOCKS > LB_TILE ? LB_TILE / full : LB_GROUP_BLOCKS; \
         lb_sink sink_; \
         lb_sink_open(&sink_, geometry.out, streamed_); \
@@ -278,7 +279,7 @@ LB_INLINE void group_maxima(const float *restrict x, int64_t count, int64_t leng
                 int64_t count = last_index - group < per_group_ ? last_index - group : per_group_; \
                 const float *group_x = geometry.x + group * full; \
                 float *group_out = lb_sink_next(&sink_, group * full, count * full); \
-                if (streamed_) lb_prefetch(group_x, count * full); \
+                if (ahead_) lb_prefetch(group_x, count * full, ahead_); \
                 PARAM params_[LB_GROUP_BLOCKS]; \
                 GROUP(job, group, group_x, count, full, params_, MODE); \
                 APPLY_GROUP(APPLY, job, params_, group_x, group_out, count, full, MODE); \

@@ -75,7 +75,7 @@ void lb_note_fork(void) { lb_forked = 1; }
 
 __attribute__((constructor)) static void lb_watch_fork(void) { pthread_atfork(NULL, NULL, lb_note_fork); }
 
-/* Past the cache (x of stream.h's size or more, as float32), a pass is handed out in chunks, each to the
+/* Past the cache (where outputs stream: lb_streams, stream.h), a pass is handed out in chunks, each to the
  * first thread free, about LB_CHUNKS a thread (whole grains, none under LB_CHUNK_FROM elements): the caller
  * waits for the last thread, and on a shared machine one thread's static share of a pass from memory ran late
  * often enough to matter (Zen 4 guest, 4096 x 4096: libgomp's waits 8 % of TWN's samples with shares, 1 % with
@@ -95,7 +95,7 @@ int64_t lb_chunks_run_count(void) { return __atomic_load_n(&lb_chunks_run_total,
 
 /* The chunk size for n elements on `threads` threads, in elements (a multiple of grain). */
 static int64_t lb_chunk_size(int64_t n, int64_t grain, int threads, int dynamic) {
-    int64_t units = (n + grain - 1) / grain, chunks = dynamic && n >= lb_stream_from() / 4 ? LB_CHUNKS : 1;
+    int64_t units = (n + grain - 1) / grain, chunks = dynamic && lb_streams(n, threads) ? LB_CHUNKS : 1;
     if (lb_chunks_override) chunks = lb_chunks_override;
     int64_t per = (units + threads * chunks - 1) / (threads * chunks), least = (LB_CHUNK_FROM + grain - 1) / grain;
     if (!lb_chunks_override && chunks > 1 && per < least) per = least;

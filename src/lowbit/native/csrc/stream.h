@@ -72,9 +72,7 @@ static inline void lb_stream_fence(void) {
  * nothing clear: they do without. */
 #define LB_PREFETCH_AHEAD 1024
 int64_t lb_prefetch_distance(void); /* floats ahead, 0: none (stream.c; benchmarks set it) */
-static inline void lb_prefetch(const float *x, int64_t n) {
-    int64_t ahead = lb_prefetch_distance();
-    if (!ahead) return;
+static inline void lb_prefetch(const float *x, int64_t n, int64_t ahead) {
     for (const char *from = (const char *)(x + ahead), *to = (const char *)(x + ahead + n); from < to; from += 64)
         __builtin_prefetch(from, 0, 2);
 }
