@@ -84,3 +84,44 @@ def test_the_rule_chunks_past_the_cache_and_keeps_shares_within_it():
             assert chunks_of_one_call(x) == 32  # 16 a thread, 2^15 elements each
         with kernels.stream_from(1 << 12), kernels.chunks(1):
             assert chunks_of_one_call(x) == 2
+
+
+SECOND_PASSES = [  # a pass over x, then another one over the same x: past the cache it goes from the end
+    ("ternary", {"scaling_factor": True}),
+    ("binary", {"scaling_factor": True}),
+    ("affine", {"bits": 8}),
+    ("affine", {"bits": 4, "symmetric": True, "axis": 1}),
+    ("e4m3", {"axis": -1}),
+]
+
+
+@pytest.mark.parametrize(("name", "params"), SECOND_PASSES, ids=lambda value: str(value))
+@pytest.mark.parametrize("chunks", [1, 3, 64])
+def test_a_second_pass_from_the_end_gives_the_eager_bits(name, params, chunks):
+    spec = lowbit.get_format(name)(**params)
+    x = awkward_tensor()
+    want = spec._quantize_in_dtype(x, None)
+    before = kernels.backward_run()
+    with torch_threads(3), kernels.threads_from(1 << 10), kernels.stream_from(1 << 12), kernels.chunks(chunks):
+        got = spec._native(x.contiguous(), torch.float32)
+    assert got is not None, f"{name} did not run natively"
+    assert kernels.backward_run() - before >= min(3 * chunks, 2)  # chunks really went out from the end
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got.view(torch.int32)[~nan], want.view(torch.int32)[~nan])
+
+
+def test_one_pass_and_forward_only_never_go_from_the_end():
+    x = torch.randn(1 << 20)
+    ternary = lowbit.get_format("ternary")(scaling_factor=True)
+    with torch_threads(2), kernels.threads_from(1 << 10), kernels.stream_from(1 << 12):
+        before = kernels.backward_run()
+        chunks_of_one_call(x)  # integer: one pass
+        assert kernels.backward_run() == before
+        with kernels.forward_only():
+            assert ternary._native(x, torch.float32) is not None
+        assert kernels.backward_run() == before
+        chunks = kernels.chunks_run()
+        assert ternary._native(x, torch.float32) is not None
+        backward, chunks = kernels.backward_run() - before, kernels.chunks_run() - chunks
+        assert backward > 1 and 3 * backward == chunks  # the element pass: the window's resolution reads no x
