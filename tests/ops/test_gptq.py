@@ -140,6 +140,45 @@ def test_layers_fed_the_same_tensor_share_a_stage():
     assert all(isinstance(module, Int4WeightOnlyLinear) for module in model.children())
 
 
+def test_a_stage_stops_each_later_forward_once_its_layers_are_fed():
+    model, ran = _mlp(), []
+    for index in (1, 3):  # the activations (the Linears are replaced, stage by stage)
+        model[index].register_forward_pre_hook(lambda module, inputs, index=index: ran.append(index))
+
+    def quantize_layer(name, module, hessian):
+        ran.append(f"quantize {name}")
+        return Int4WeightOnlyLinear.from_float(module, group_size=GROUP)
+
+    sequential_gptq(model, {name: model[int(name)] for name in ("0", "2", "4")}, _batches(), lambda root, batch: root(batch),
+                    quantize_layer)  # fmt: skip
+    whole, to_second = [1, 3], [1]  # later batches: the first stage stops before any activation ran
+    assert ran == [*whole, "quantize 0", *whole, *to_second * 3, "quantize 2", *whole * 4, "quantize 4"]
+
+
+class _CalledTwice(nn.Module):
+    """One Linear applied twice a forward (a shared module): its H takes both inputs of every batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared, self.out = nn.Linear(64, 64), nn.Linear(64, 32)
+
+    def forward(self, x):
+        return self.out(self.shared(torch.relu(self.shared(x))))
+
+
+@torch.no_grad()
+def test_a_layer_called_twice_a_forward_keeps_every_batch_whole():
+    model, hessians = _CalledTwice().eval(), {}
+
+    def quantize_layer(name, module, hessian):
+        hessians[name] = hessian
+        return module
+
+    sequential_gptq(model, dict(model.named_children()), _batches(), lambda root, batch: root(batch), quantize_layer)
+    inputs = [part for batch in _batches() for part in (batch, torch.relu(model.shared(batch)))]
+    assert torch.allclose(hessians["shared"], _hessian(torch.cat(inputs)), rtol=1e-10, atol=1e-12)
+
+
 @torch.no_grad()
 def test_gptq_module_codes_and_save_load_round_trip(tmp_path):
     model, info = lowbit.quantize_model(_mlp(), "int4_weight_only", calibration_data=_batches(), method="gptq", group_size=32)
