@@ -51,7 +51,8 @@ def sequential_gptq(root: nn.Module, targets: dict[str, nn.Module], batches: Ite
                     progress: Callable[[str], None] | None = None) -> dict[str, nn.Module]:  # fmt: skip
     """Quantize ``targets`` (name -> Linear inside ``root``) in the order the model calls them.
 
-    Each stage runs all calibration batches (``run_batch(root, batch)``) through the model as it is now,
+    Each stage runs all calibration batches (``run_batch(root, batch)``; past the first, each only as far as
+    the stage's layers, see ``_next_stage``) through the model as it is now,
     collects H for the next unquantized layer and for every other layer fed the very same input tensor
     (attention's query / key / value), then ``quantize_layer(name, module, H)`` builds their replacements,
     which are swapped in before the next stage. ``progress(message)`` hears of each stage (GPTQ on a
@@ -81,8 +82,9 @@ def sequential_gptq(root: nn.Module, targets: dict[str, nn.Module], batches: Ite
     return done
 
 
-class _StageFed(Exception):
-    """Raised by a hook once this batch has fed the stage's layers: the rest of the forward is not needed."""
+class _StageFed(BaseException):
+    """Raised by a hook once this batch has fed the stage's layers: the rest of the forward is not needed
+    (a BaseException, so that a ``run_batch`` catching Exception does not carry on past it)."""
 
 
 @torch.no_grad()
