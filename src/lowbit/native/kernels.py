@@ -82,18 +82,6 @@ def prefetch(floats: int):
     return _override("lb_set_prefetch", floats)
 
 
-def forward_only():
-    """Run every pass forward, the second pass over an x past the cache included (csrc/parallel.c: it goes
-    from the end), the library's own rule again on exit; benchmarks compare the two. Needs the library."""
-    return _override("lb_set_forward_only", 1)
-
-
-def backward_run() -> int:
-    """How many chunks of passes that went from the end the loaded library has run (0: no library)."""
-    entry = function("lb_backward_run_count", [], I64)
-    return 0 if entry is None else int(entry())
-
-
 def chunks_run() -> int:
     """How many chunks the loaded library's passes on torch's OpenMP pool have run (0: no library)."""
     entry = function("lb_chunks_run_count", [], I64)

@@ -292,7 +292,7 @@ static int tensor_pass(affine_job *job, int64_t n, int threads) {
     }
     free(job->parts);
     job->tensor = derive(job->config, low, high);
-    lb_parallel_back(n, 64, threads, tensor_range, job);
+    lb_parallel(n, 64, threads, tensor_range, job);
     return 1;
 }
 
@@ -333,7 +333,7 @@ static int channel_pass(affine_job *job, int64_t outer, int threads) {
     job->bounded = 1;
     for (int64_t channel = 0; channel < channels; channel++)
         set_channel(job, channel, derive(job->config, low[channel], high[channel]));
-    lb_parallel_back(outer * slice, slice, threads, channel_range, job);
+    lb_parallel(outer * slice, slice, threads, channel_range, job);
     free(memory);
     return 1;
 }

@@ -296,7 +296,7 @@ int lb_ocp_columns_f32(const float *x, float *out, int64_t rows, int64_t columns
         /* as scaled_apply: saturated elements times a scale whose product with the max is finite stay finite */
         job.clamp_inf |= !(job.scales[k] * max_value <= LB_FLOAT32_MAX);
     }
-    lb_parallel_back(rows * columns, columns, threads, column_elements, &job);
+    lb_parallel(rows * columns, columns, threads, column_elements, &job);
     free(memory);
     return 1;
 }

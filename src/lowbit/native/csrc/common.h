@@ -99,9 +99,6 @@ static inline float lb_grid_round(float v, int32_t mantissa_shift, int32_t small
  * (the caller's thread included); small jobs run on the caller's thread alone. */
 typedef void (*lb_range_fn)(const void *context, int64_t begin, int64_t end);
 void lb_parallel(int64_t n, int64_t grain, int threads, lb_range_fn fn, const void *context);
-/* lb_parallel for a second pass over the same x: past the cache its chunks go out from the end of x. */
-void lb_parallel_back(int64_t n, int64_t grain, int threads, lb_range_fn fn, const void *context);
-#define LB_BACKWARD 2 /* a phase's between() (phases.h): go on, the next phase from the end */
 /* lb_parallel with threads of our own from `minimum` elements (kernels doing more work per element than a
  * copy); on torch's OpenMP pool (parallel.c) every kernel threads from 2^16 elements. */
 void lb_parallel_from(int64_t n, int64_t grain, int threads, int64_t minimum, lb_range_fn fn, const void *context);

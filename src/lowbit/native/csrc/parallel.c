@@ -87,12 +87,6 @@ __attribute__((constructor)) static void lb_watch_fork(void) { pthread_atfork(NU
 #define LB_MAX_PHASES 8
 static volatile int64_t lb_chunks_override = 0;
 static volatile int64_t lb_chunks_run_total = 0;
-static volatile int64_t lb_forward_only = 0, lb_backward_run_total = 0;
-/* Measurements: 1 runs every pass forward (0: a pass that asks for it goes from the end, past the cache). */
-void lb_set_forward_only(int64_t on) { lb_forward_only = on != 0; }
-
-/* Tests: how many chunks have run in passes that went from the end. */
-int64_t lb_backward_run_count(void) { return __atomic_load_n(&lb_backward_run_total, __ATOMIC_RELAXED); }
 /* Tests and measurements: chunks a thread (1: one share each, the static split; 0: the library's rule). */
 void lb_set_chunks(int64_t chunks) { lb_chunks_override = chunks > 0 ? chunks : 0; }
 
@@ -108,16 +102,12 @@ static int64_t lb_chunk_size(int64_t n, int64_t grain, int threads, int dynamic)
     return per * grain;
 }
 
-/* Runs fn over [0, n) in chunks of `per` from the shared chunk counter *next, to whichever thread asks first;
- * reversed, the chunks go out from the end of x (each chunk still runs forward). */
-static void lb_take_chunks(int64_t n, int64_t per, int reversed, int64_t *next, lb_range_fn run, const void *context) {
-    int64_t chunks = (n + per - 1) / per;
+/* Runs fn over [0, n) in chunks of `per` from the shared counter *next, to whichever thread asks first. */
+static void lb_take_chunks(int64_t n, int64_t per, int64_t *next, lb_range_fn run, const void *context) {
     for (;;) {
-        int64_t taken = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
-        if (taken >= chunks) return;
+        int64_t begin = __atomic_fetch_add(next, per, __ATOMIC_RELAXED);
+        if (begin >= n) return;
         __atomic_fetch_add(&lb_chunks_run_total, 1, __ATOMIC_RELAXED);
-        if (reversed) __atomic_fetch_add(&lb_backward_run_total, 1, __ATOMIC_RELAXED);
-        int64_t begin = (reversed ? chunks - 1 - taken : taken) * per;
         run(context, begin, begin + per < n ? begin + per : n);
     }
 }
@@ -126,34 +116,33 @@ typedef struct {
     lb_range_fn fn;
     const void *context;
     int64_t n, per, *next;
-    int reversed;
     lb_float_state state;
 } lb_shared_pass;
 
 static void *lb_run_pass(void *argument) {
     const lb_shared_pass *pass = argument;
     lb_load_state(&pass->state);
-    lb_take_chunks(pass->n, pass->per, pass->reversed, pass->next, pass->fn, pass->context);
+    lb_take_chunks(pass->n, pass->per, pass->next, pass->fn, pass->context);
     return NULL;
 }
 
 /* Threads of our own, the caller among them; chunks a thread could not be started for go to the others. */
-static void lb_pthreads(int64_t n, int64_t per, int reversed, int threads, lb_range_fn fn, const void *context) {
+static void lb_pthreads(int64_t n, int64_t per, int threads, lb_range_fn fn, const void *context) {
     pthread_t handles[LB_MAX_THREADS];
     int started[LB_MAX_THREADS] = {0};
     int64_t next = 0, chunks = (n + per - 1) / per;
-    lb_shared_pass pass = {.fn = fn, .context = context, .n = n, .per = per, .next = &next, .reversed = reversed};
+    lb_shared_pass pass = {.fn = fn, .context = context, .n = n, .per = per, .next = &next};
     lb_save_state(&pass.state);
     if (threads > chunks) threads = (int)chunks;
     for (int index = 1; index < threads; index++)
         started[index] = pthread_create(&handles[index], NULL, lb_run_pass, &pass) == 0;
-    lb_take_chunks(n, per, reversed, &next, fn, context);
+    lb_take_chunks(n, per, &next, fn, context);
     for (int index = 1; index < threads; index++)
         if (started[index]) pthread_join(handles[index], NULL);
 }
 
 #ifdef _OPENMP
-static void lb_openmp(int64_t n, int64_t per, int reversed, int threads, lb_range_fn fn, const void *context) {
+static void lb_openmp(int64_t n, int64_t per, int threads, lb_range_fn fn, const void *context) {
     lb_float_state caller;
     int64_t next = 0;
     lb_save_state(&caller);
@@ -162,16 +151,11 @@ static void lb_openmp(int64_t n, int64_t per, int reversed, int threads, lb_rang
         lb_float_state own;
         lb_save_state(&own);
         lb_load_state(&caller);
-        lb_take_chunks(n, per, reversed, &next, fn, context);
+        lb_take_chunks(n, per, &next, fn, context);
         lb_load_state(&own); /* torch's worker keeps its own state */
     }
 }
 #endif
-
-/* Whether a pass that asks to go from the end does: where its chunks go out (past the cache). */
-static int lb_goes_back(int64_t n, int threads, int asked) {
-    return asked && !lb_forward_only && lb_streams(n, threads);
-}
 
 static void lb_split(int64_t n, int64_t grain, int threads, int64_t minimum, int dynamic, lb_range_fn fn,
                      const void *context) {
@@ -181,24 +165,16 @@ static void lb_split(int64_t n, int64_t grain, int threads, int64_t minimum, int
     if (openmp && minimum > LB_OPENMP_FROM) minimum = LB_OPENMP_FROM;
     if (lb_threads_from_override) minimum = lb_threads_from_override;
     if (threads <= 1 || n < minimum) { fn(context, 0, n); return; }
-    int64_t per = lb_chunk_size(n, grain, threads, dynamic != 0);
-    int reversed = lb_goes_back(n, threads, dynamic == LB_BACKWARD);
+    int64_t per = lb_chunk_size(n, grain, threads, dynamic);
 #ifdef _OPENMP
-    if (openmp) { lb_openmp(n, per, reversed, threads, fn, context); return; }
+    if (openmp) { lb_openmp(n, per, threads, fn, context); return; }
 #endif
-    lb_pthreads(n, per, reversed, threads, fn, context);
+    lb_pthreads(n, per, threads, fn, context);
 }
 
 /* The format kernels: past the cache, chunks to the first thread free; within it, a share a thread. */
 void lb_parallel(int64_t n, int64_t grain, int threads, lb_range_fn fn, const void *context) {
     lb_split(n, grain, threads, LB_PTHREADS_FROM, 1, fn, context);
-}
-
-/* lb_parallel for a pass that reads what the pass before it read forward: past the cache its chunks go out
- * from the end, so the first ones it reads are the last ones read before, some still in the last-level cache
- * (a 32 MiB cache holds half of a 4096 x 4096 float32 tensor). */
-void lb_parallel_back(int64_t n, int64_t grain, int threads, lb_range_fn fn, const void *context) {
-    lb_split(n, grain, threads, LB_PTHREADS_FROM, LB_BACKWARD, fn, context);
 }
 
 /* The int8 linear and token kernels (their own thresholds): a share a thread, each reusing its own rows. */
@@ -208,7 +184,7 @@ void lb_parallel_from(int64_t n, int64_t grain, int threads, int64_t minimum, lb
 
 /* Phases over one split of [0, n) (lb_parallel's): fn(context, begin, end, phase) on every chunk for phase 0,
  * 1, ...; between two phases, when every chunk is done, between(context, phase) on one thread, whose 0 ends
- * the job and whose LB_BACKWARD runs the next phase as lb_parallel_back does. On torch's pool one region holds every phase, with barriers between them: a region costs two or
+ * the job. On torch's pool one region holds every phase, with barriers between them: a region costs two or
  * three times a barrier and a single section (3.5 against 1.1-1.6 us, 2 threads, Zen 5). Returns 1 when
  * every phase ran. */
 typedef struct {
@@ -230,7 +206,7 @@ int lb_parallel_phases(int64_t n, int64_t grain, int threads, int phases, lb_pha
     int64_t minimum = lb_threads_from_override ? lb_threads_from_override : LB_OPENMP_FROM;
     if (lb_uses_openmp() && threads > 1 && n >= minimum && phases <= LB_MAX_PHASES) {
         int64_t per = lb_chunk_size(n, grain, threads, 1), next[LB_MAX_PHASES] = {0};
-        int complete = 1, reversed = 0;
+        int complete = 1;
         lb_float_state caller;
         lb_save_state(&caller);
 #pragma omp parallel num_threads(threads)
@@ -240,25 +216,22 @@ int lb_parallel_phases(int64_t n, int64_t grain, int threads, int phases, lb_pha
             lb_load_state(&caller);
             for (int phase = 0; phase < phases; phase++) {
                 lb_phase_call call = {fn, context, phase};
-                lb_take_chunks(n, per, reversed, &next[phase], lb_run_phase, &call);
+                lb_take_chunks(n, per, &next[phase], lb_run_phase, &call);
                 if (phase + 1 == phases) break;
 #pragma omp barrier
 #pragma omp single
-                {
-                    complete = between(context, phase);
-                    reversed = lb_goes_back(n, threads, complete == LB_BACKWARD);
-                }
-                if (!complete) break; /* every thread reads them after the single's barrier */
+                complete = between(context, phase);
+                if (!complete) break; /* every thread reads it after the single's barrier */
             }
             lb_load_state(&own);
         }
         return complete;
     }
 #endif
-    for (int phase = 0, next = 1; phase < phases; phase++) {
+    for (int phase = 0; phase < phases; phase++) {
         lb_phase_call call = {fn, context, phase};
-        lb_split(n, grain, threads, LB_PTHREADS_FROM, next, lb_run_phase, &call);
-        if (phase + 1 < phases && !(next = between(context, phase))) return 0;
+        lb_parallel(n, grain, threads, lb_run_phase, &call);
+        if (phase + 1 < phases && !between(context, phase)) return 0;
     }
     return 1;
 }

@@ -17,7 +17,6 @@ typedef struct {
     element_job elements;
     int steps[3], selects[3], count;
     int windowed; /* TWN per tensor: its two means may come from one pass over x (sign_window.c) */
-    int backward; /* the last phase that read x went from the end (parallel.c, LB_BACKWARD) */
     int storage;  /* stream.h's lb_storage: below 0, x and out hold halves (half_phase) */
     float *delta, *value, *mean;
 } sign_plan;
@@ -82,9 +81,7 @@ static int plan_between(void *context, int phase) {
         return 0; /* STEP_MEAN: the scale; a zero one over a nonempty selection goes eager (ternary) */
     }
     plan_start(plan, phase + 1);
-    if (plan->steps[phase + 1] != STEP_ELEMENTS && plan->stats.window.served) return 1; /* reads no x */
-    plan->backward = !plan->backward; /* each pass over x starts where the one before it ended */
-    return plan->backward ? LB_BACKWARD : 1;
+    return 1;
 }
 
 static void plan_add(sign_plan *plan, int step, int select) {
