@@ -1,8 +1,7 @@
-"""How a native pass runs past the cache, side by side in one process, each format four ways interleaved
+"""How a native pass runs past the cache, side by side in one process, each format three ways interleaved
 with ``x.clone()``: as before the fourteenth session (one static share a thread, no software prefetch:
 ``kernels.chunks(1)``, ``kernels.prefetch(-1)``), with chunks to whichever thread is free but no prefetch,
-with the block kernels' prefetch too but every pass forward (``kernels.forward_only()``), and as the library
-does it (a second pass over the same x from the end as well; csrc/parallel.c, csrc/stream.h).
+and as the library does it (chunks, and the block kernels' prefetch; csrc/parallel.c, csrc/stream.h).
 
 Each round times 10 calls of every method in turn; the table gives the median over rounds of the time as a
 multiple of the same round's clone. The three give the same bits (checked before timing).
@@ -18,7 +17,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,14 +46,12 @@ FORMATS = {
 }
 
 
-# (chunks a thread, prefetch distance, every pass forward); 0: the library's rule
-WAYS = {"before": (1, -1, True), "chunks": (0, -1, True), "forward": (0, 0, True), "library": (0, 0, False)}
+WAYS = {"before": (1, -1), "chunks": (0, -1), "library": (0, 0)}  # (chunks a thread, prefetch); 0: the rule
 
 
-def way_call(spec: lowbit.FormatSpec, x: torch.Tensor, chunks: int, prefetch: int,
-             forward: bool) -> Callable[[], torch.Tensor]:  # fmt: skip
+def way_call(spec: lowbit.FormatSpec, x: torch.Tensor, chunks: int, prefetch: int) -> Callable[[], torch.Tensor]:
     def call() -> torch.Tensor:
-        with kernels.chunks(chunks), kernels.prefetch(prefetch), (kernels.forward_only() if forward else nullcontext()):
+        with kernels.chunks(chunks), kernels.prefetch(prefetch):
             return spec.quantize(x)
 
     return call
@@ -67,8 +63,8 @@ def measure(x: torch.Tensor, names: list[str], rounds: int) -> dict[str, float]:
         spec = lowbit.get_format(FORMATS[name][0])(**FORMATS[name][1])
         bits = torch.int16 if x.dtype != torch.float32 else torch.int32
         results = []
-        for way, settings in WAYS.items():
-            methods[f"{name} {way}"] = way_call(spec, x, *settings)
+        for way, (chunks, prefetch) in WAYS.items():
+            methods[f"{name} {way}"] = way_call(spec, x, chunks, prefetch)
             results.append(methods[f"{name} {way}"]().view(bits))
         if not all(torch.equal(results[0], other) for other in results[1:]):
             raise SystemExit(f"{name}: the ways gave different bits")
@@ -83,9 +79,6 @@ def measure(x: torch.Tensor, names: list[str], rounds: int) -> dict[str, float]:
     ratios = {name: statistics.median(t / c for t, c in zip(times, seconds["clone"], strict=True))
               for name, times in seconds.items()}
     ratios["clone ms"] = statistics.median(seconds["clone"]) * 1e3
-    for name in names:  # the second pass from the end against all forward, round by round
-        pairs = zip(seconds[f"{name} library"], seconds[f"{name} forward"], strict=True)
-        ratios[f"{name} backward gain"] = statistics.median(library / forward for library, forward in pairs)
     return ratios
 
 
@@ -106,11 +99,9 @@ def main() -> None:
     print(header_line() + "; " + allocator)
     print(f"\n{args.shape} {args.dtype}, native backend, median of {args.rounds} rounds, x clone "
           f"(clone {ratios['clone ms']:.2f} ms)\n")
-    print("| format | before: static shares | chunks | chunks + block prefetch, all forward | the library (second "
-          "passes from the end) | library / all forward, per round |\n|---|---:|---:|---:|---:|---:|")
+    print("| format | before: static shares | chunks | chunks + block prefetch (the library) |\n|---|---:|---:|---:|")
     for name in args.only:
-        cells = [f"{ratios[f'{name} {way}']:.2f}" for way in WAYS] + [f"{ratios[f'{name} backward gain']:.3f}"]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        print(f"| {name} | " + " | ".join(f"{ratios[f'{name} {way}']:.2f}" for way in WAYS) + " |")
 
 
 if __name__ == "__main__":
