@@ -28,12 +28,12 @@ SHRINK_STEPS = tuple(1.0 - 0.05 * step for step in range(7))  # 1.0 .. 0.7
 
 def _group_codes(groups: torch.Tensor, low: torch.Tensor, high: torch.Tensor, scale_dtype: torch.dtype):
     """(codes, scale, zero_point) of groups [N, G, g] for the ranges [low, high] [N, G, 1]."""
-    scale = ((high - low) * (1.0 / 15)).clamp_min(torch.finfo(torch.float32).tiny)
+    scale = (high - low).mul_(1.0 / 15).clamp_min_(torch.finfo(torch.float32).tiny)
     scale = scale.to(scale_dtype).float()
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a bf16 / f16 underflow
+    scale = scale.masked_fill_(scale <= 0, 1.0)  # a bf16 / f16 underflow
     inverse = 1.0 / scale  # x * (1 / scale): the rounding rule of the affine format (lowbit.formats.affine)
-    zero_point = (-torch.round(low * inverse)).clamp(0, 15)
-    codes = (torch.round(groups * inverse) + zero_point).clamp(0, 15)
+    zero_point = torch.round(low * inverse).neg_().clamp_(0, 15)
+    codes = torch.round(groups * inverse).add_(zero_point).clamp_(0, 15)
     return codes, scale, zero_point
 
 
@@ -51,8 +51,8 @@ def quantize_groups(weight: torch.Tensor, group_size: int, scale_dtype: torch.dt
     for low_factor in SHRINK_STEPS if search else (1.0,):
         for high_factor in SHRINK_STEPS if search else (1.0,):
             trial = _group_codes(groups, low0 * low_factor, high0 * high_factor, scale_dtype)
-            error = (trial[0] - trial[2]) * trial[1] - groups
-            error = (error.square() if weights is None else error.square() * weights).sum(-1, keepdim=True)
+            error = (trial[0] - trial[2]).mul_(trial[1]).sub_(groups).square_()
+            error = (error if weights is None else error.mul_(weights)).sum(-1, keepdim=True)
             if best is None:
                 best, best_error = list(trial), error
                 continue
