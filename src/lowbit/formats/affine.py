@@ -39,7 +39,7 @@ from lowbit.formats.blocking import (
     scaled_bits_per_element,
 )
 from lowbit.formats.integer import code_range
-from lowbit.formats.rounding import round_to_integer
+from lowbit.formats.rounding import DIRECTED_MODES, correct_directed, round_to_integer
 from lowbit.formats.scaling import (
     SCALE_DTYPE_BITS,
     ceil_power_of_two,
@@ -286,7 +286,7 @@ class Affine(FormatSpec):
         raw = safe_scale(raw)
         if self.power_of_two:
             raw = ceil_power_of_two(raw)
-        if self.rounding in _NOT_ABOVE_X:
+        if self.rounding in DIRECTED_MODES:
             scale = shorten_scale(safe_scale(round_scale_down(raw, self.scale_dtype)), self.bits)
             return scale, self._derived_zero_point(low, scale)
         scale = safe_scale(round_scale(raw, self.scale_dtype))
@@ -367,35 +367,12 @@ class Affine(FormatSpec):
         """round(x / scale) by the rounding mode: the signed number of steps of the value from zero."""
         scaled = x * (1.0 / scale)  # round(a*x + b) with a = 1/scale, as torch.fake_quantize_* computes it
         steps = round_to_integer(scaled, self.rounding, generator)
-        if self.rounding in _NOT_ABOVE_X:
-            return _correct_directed(x, scale, steps, self.rounding)
+        if self.rounding in DIRECTED_MODES:
+            return correct_directed(x, scale, steps, self.rounding)
         if self.is_stochastic:
             nearest = torch.round(scaled)
             return torch.where(nearest * scale == x, nearest, steps)  # values on the grid stay put
         return steps
-
-
-# Directed modes: where the result must not exceed x (True; else it must not fall below x).
-_NOT_ABOVE_X = {
-    "down": lambda x: torch.ones_like(x, dtype=torch.bool),
-    "up": lambda x: torch.zeros_like(x, dtype=torch.bool),
-    "toward_zero": lambda x: x >= 0,
-    "away_from_zero": lambda x: x < 0,
-}
-
-
-def _correct_directed(x: torch.Tensor, scale: torch.Tensor, steps: torch.Tensor, mode: str) -> torch.Tensor:
-    """Directed rounding against the actual grid values steps * scale.
-
-    x * (1 / scale) is off by an ulp or so when scale is not a power of two, which can put a value that
-    lies exactly on the grid (or within an ulp of it) just across an integer: "down" would then move a
-    representable value one step down. One step of correction suffices for codes of up to 16 bits.
-    """
-    not_above = _NOT_ABOVE_X[mode](x)
-    steps = steps - (not_above & (steps * scale > x)).to(x.dtype)
-    steps = steps + (not_above & ((steps + 1) * scale <= x)).to(x.dtype)
-    steps = steps + (~not_above & (steps * scale < x)).to(x.dtype)
-    return steps - (~not_above & ((steps - 1) * scale >= x)).to(x.dtype)
 
 
 def _as_tuple(spec: FormatSpec, name: str, kind: type) -> tuple | None:

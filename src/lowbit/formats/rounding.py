@@ -159,3 +159,26 @@ def make_generator(seed: int | None, generator: torch.Generator | None, device: 
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     return gen
+
+
+# Directed modes: where the result must not exceed x (True; else it must not fall below x).
+DIRECTED_MODES = {
+    "down": lambda x: torch.ones_like(x, dtype=torch.bool),
+    "up": lambda x: torch.zeros_like(x, dtype=torch.bool),
+    "toward_zero": lambda x: x >= 0,
+    "away_from_zero": lambda x: x < 0,
+}
+
+
+def correct_directed(x: torch.Tensor, scale: torch.Tensor, steps: torch.Tensor, mode: str) -> torch.Tensor:
+    """Directed rounding against the actual grid values steps * scale.
+
+    x * (1 / scale) is off by an ulp or so when scale is not a power of two, which can put a value that
+    lies exactly on the grid (or within an ulp of it) just across an integer: "down" would then move a
+    representable value one step down. One step of correction suffices for codes of up to 16 bits.
+    """
+    not_above = DIRECTED_MODES[mode](x)
+    steps = steps - (not_above & (steps * scale > x)).to(x.dtype)
+    steps = steps + (not_above & ((steps + 1) * scale <= x)).to(x.dtype)
+    steps = steps + (~not_above & (steps * scale < x)).to(x.dtype)
+    return steps - (~not_above & ((steps - 1) * scale >= x)).to(x.dtype)

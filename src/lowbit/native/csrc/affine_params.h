@@ -16,7 +16,7 @@ enum { LAYOUT_TENSOR, LAYOUT_ROWS, LAYOUT_CHANNELS, LAYOUT_GIVEN };
 static inline int is_directed(int mode) { return mode >= LB_TOWARD_ZERO; }
 
 /* ---- one element -------------------------------------------------------------------------------------- */
-/* integer._correct_directed: one step of correction against the grid value steps * scale. Each condition is
+/* rounding.correct_directed: one step of correction against the grid value steps * scale. Each condition is
  * added as 0.0 / 1.0 exactly as eager does (steps + 0.0 turns -0.0 into +0.0 there too). */
 static inline float directed_steps(float v, float scale, float steps, int mode) {
     int not_above = mode == LB_DOWN ? 1 : (mode == LB_UP ? 0 : (mode == LB_TOWARD_ZERO ? v >= 0.0f : v < 0.0f));
