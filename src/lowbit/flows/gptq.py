@@ -96,7 +96,8 @@ def _next_stage(root, pending: dict[str, nn.Module], batches: list, run_batch, r
     fraction of a forward instead of a whole one: GPTQ on MiniLM's 37 layers ran 100 whole forwards); a layer
     called more than once (a shared module) keeps every batch whole."""
     accumulators: dict[str, HessianAccumulator] = {}
-    first: dict[str, Any] = {"input": None, "names": [], "recording": True, "mask": None}  # names: first batch
+    first: dict[str, Any] = {"input": None, "names": [], "recording": True, "mask": None,  # names: first batch
+                             "stops": False}  # later batches stop once the stage's layers are fed
     calls: dict[str, int] = {}  # per stage layer, its calls in the running batch
 
     def watch(name):
@@ -118,7 +119,6 @@ def _next_stage(root, pending: dict[str, nn.Module], batches: list, run_batch, r
 
         return hook
 
-    first["stops"] = False
     hooks = [module.register_forward_pre_hook(watch(name)) for name, module in pending.items()]
     try:
         for batch in batches:
