@@ -140,7 +140,7 @@ def test_layers_fed_the_same_tensor_share_a_stage():
     assert all(isinstance(module, Int4WeightOnlyLinear) for module in model.children())
 
 
-def test_a_stage_stops_each_later_forward_once_its_layers_are_fed():
+def test_forwards_after_the_first_stop_once_the_stage_is_fed():
     model, ran = _mlp(), []
     for index in (1, 3):  # the activations (the Linears are replaced, stage by stage)
         model[index].register_forward_pre_hook(lambda module, inputs, index=index: ran.append(index))
@@ -156,8 +156,10 @@ def test_a_stage_stops_each_later_forward_once_its_layers_are_fed():
             ran.append(f"caught {error!r}")
 
     sequential_gptq(model, {name: model[int(name)] for name in ("0", "2", "4")}, _batches(), run_batch, quantize_layer)
-    whole, to_second = [1, 3], [1]  # later batches: the first stage stops before any activation ran
-    assert ran == [*whole, "quantize 0", *whole, *to_second * 3, "quantize 2", *whole * 4, "quantize 4"]
+    # the first forward runs whole (it learns the call order); after it the first stage stops before any
+    # activation, the second after the first activation, the last (layer 4) once both have run
+    whole, to_second = [1, 3], [1]
+    assert ran == [*whole, "quantize 0", *to_second * 4, "quantize 2", *whole * 4, "quantize 4"]
 
 
 class _CalledTwice(nn.Module):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -51,8 +52,8 @@ def sequential_gptq(root: nn.Module, targets: dict[str, nn.Module], batches: Ite
                     progress: Callable[[str], None] | None = None) -> dict[str, nn.Module]:  # fmt: skip
     """Quantize ``targets`` (name -> Linear inside ``root``) in the order the model calls them.
 
-    Each stage runs all calibration batches (``run_batch(root, batch)``; past the first, each only as far as
-    the stage's layers, see ``_next_stage``) through the model as it is now,
+    Each stage runs all calibration batches (``run_batch(root, batch)``; after the first whole forward, each
+    only as far as the stage's layers: ``_CallOrder``) through the model as it is now,
     collects H for the next unquantized layer and for every other layer fed the very same input tensor
     (attention's query / key / value), then ``quantize_layer(name, module, H)`` builds their replacements,
     which are swapped in before the next stage. ``progress(message)`` hears of each stage (GPTQ on a
@@ -67,8 +68,9 @@ def sequential_gptq(root: nn.Module, targets: dict[str, nn.Module], batches: Ite
     pending, done = dict(targets), {}
     start = time.perf_counter()
     try:
+        order = _CallOrder()
         while pending:
-            stage = _next_stage(root, pending, batches, run_batch, row_mask)
+            stage = _next_stage(root, pending, batches, run_batch, row_mask, order)
             if progress is not None:
                 progress(f"GPTQ {len(done) + len(stage)}/{len(targets)} layers ({', '.join(stage)}), "
                          f"{time.perf_counter() - start:.0f} s")  # fmt: skip
@@ -87,23 +89,60 @@ class _StageFed(BaseException):
     (a BaseException, so that a ``run_batch`` catching Exception does not carry on past it)."""
 
 
+class _CallOrder:
+    """The targets' calls in the first whole forward (the first stage's first batch): their order, which of
+    them read one input tensor, and whether any was called twice. Every later batch then knows which layers
+    make up its stage before it runs, and its forward stops once they are fed: a stage early in the model
+    costs part of a forward instead of a whole one (GPTQ on MiniLM's 37 layers ran 100 whole forwards). A
+    layer called twice in that forward (a shared module) keeps every batch whole."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []  # in call order
+        self.group: dict[str, int] = {}  # name -> the place of the first call that read the same tensor
+        self.repeated, self.complete = False, False
+        self._inputs: list[tuple[weakref.ref, int]] = []  # the tensors read so far, not kept alive
+
+    def note(self, name: str, tensor: torch.Tensor) -> None:
+        if name in self.group:
+            self.repeated = True
+            return
+        group = next((place for seen, place in self._inputs if seen() is tensor), len(self.names))
+        if group == len(self.names):
+            self._inputs.append((weakref.ref(tensor), group))
+        self.group[name] = group
+        self.names.append(name)
+
+    def close(self) -> None:
+        self._inputs.clear()
+        self.complete = True
+
+    def stage(self, pending: dict[str, nn.Module]) -> set[str] | None:
+        """The layers the next stage holds, or None where its forwards must run whole."""
+        first = next((name for name in self.names if name in pending), None)
+        if not self.complete or self.repeated or first is None:
+            return None
+        return {name for name in self.names if name in pending and self.group[name] == self.group[first]}
+
+
 @torch.no_grad()
-def _next_stage(root, pending: dict[str, nn.Module], batches: list, run_batch, row_mask) -> dict[str, torch.Tensor]:
+def _next_stage(root, pending: dict[str, nn.Module], batches: list, run_batch, row_mask,
+                order: _CallOrder | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """name -> H of the first pending layer the model calls and of the layers fed that same input tensor.
 
-    The first batch runs whole and counts the calls each of the stage's layers gets. Where each got one, a
-    later batch's forward stops as soon as the last of them has been fed (a stage early in the model costs a
-    fraction of a forward instead of a whole one: GPTQ on MiniLM's 37 layers ran 100 whole forwards); a layer
-    called more than once (a shared module) keeps every batch whole."""
+    ``order`` (one per model, filled by the first stage's first batch): where it knows the stage, a batch's
+    forward stops once the stage's layers are fed, each once, and are the ones this batch found."""
+    order = order or _CallOrder()
     accumulators: dict[str, HessianAccumulator] = {}
     first: dict[str, Any] = {"input": None, "names": [], "recording": True, "mask": None,  # names: first batch
-                             "stops": False}  # later batches stop once the stage's layers are fed
+                             "expected": order.stage(pending)}  # fmt: skip
     calls: dict[str, int] = {}  # per stage layer, its calls in the running batch
 
     def watch(name):
         def hook(module, inputs):
             if not inputs or not isinstance(inputs[0], torch.Tensor):
                 return  # called with keyword arguments only: not seen (an error below if never seen)
+            if not order.complete:
+                order.note(name, inputs[0])
             if first["recording"] and name not in first["names"]:
                 if first["input"] is None:
                     first["input"], first["names"] = inputs[0], [name]
@@ -114,7 +153,7 @@ def _next_stage(root, pending: dict[str, nn.Module], batches: list, run_batch, r
                     accumulators[name] = HessianAccumulator(module.in_features, module.weight.device)
                 accumulators[name].add(_kept_rows(inputs[0], first["mask"]))
                 calls[name] = calls.get(name, 0) + 1
-                if first["stops"] and len(calls) == len(first["names"]):
+                if set(calls) == first["expected"] == set(first["names"]) and max(calls.values()) == 1:
                     raise _StageFed
 
         return hook
@@ -128,8 +167,9 @@ def _next_stage(root, pending: dict[str, nn.Module], batches: list, run_batch, r
                 run_batch(root, batch)
             except _StageFed:
                 pass
-            if first["recording"]:
-                first["stops"] = bool(calls) and all(count == 1 for count in calls.values())
+            if not order.complete:  # the first whole forward
+                order.close()
+                first["expected"] = order.stage(pending)
             first["recording"] = not first["names"]
             first["input"] = None  # holds no tensor past its batch
     finally:
