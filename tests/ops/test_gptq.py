@@ -11,8 +11,8 @@ from torch import nn
 
 import lowbit
 from lowbit import ConfigError, FormatError
-from lowbit.ops import Int4WeightOnlyLinear
 from lowbit.flows.gptq import sequential_gptq
+from lowbit.ops import Int4WeightOnlyLinear
 from lowbit.ops.gptq import HessianAccumulator, gptq_quantize
 from lowbit.ops.int4 import quantize_groups
 
