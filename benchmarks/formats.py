@@ -14,7 +14,9 @@ First calls (``--first-call``): each format in a fresh process (subprocess) on t
 backend, with empty lowbit and Inductor cache directories ("cold") and then a second fresh process on the same
 directories ("warm"): the first ``lowbit.quantize`` call (it starts the native build on a background thread
 and answers eagerly), the time until the native library is loaded, and the median and max of the next five
-calls after it. The report starts with the command, the machine line of ``machine.py`` and how large
+calls after it. lowbit's modules are compiled to bytecode first, as ``pip install`` does for an installed
+package: an editable install under ``PYTHONDONTWRITEBYTECODE=1`` (this set-up) would otherwise compile about
+thirty modules from source in every fresh process, 45-60 ms of each first call. The report starts with the command, the machine line of ``machine.py`` and how large
 allocations were served (``--memory``, ``timing.pin_allocator``: it decides the 4096 x 4096 ratios).
 
 Usage: python benchmarks/formats.py [--shapes 384x384 2112x384] [--dtypes float32 bfloat16] [--rounds 5]
@@ -32,6 +34,7 @@ import tempfile
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="lowbit-bench-inductor-"))
 
 import argparse  # noqa: E402
+import compileall  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -193,6 +196,7 @@ FIRST_HEADER = ("| format | import lowbit s | cold: first call ms | cold: native
 
 
 def first_call_lines(formats, shape: tuple[int, int]) -> list[str]:
+    compileall.compile_dir(os.path.dirname(lowbit.__file__), quiet=1)  # bytecode as an installed package has it
     lines = ["", f"### First call, fresh process, default backend, {shape[0]}x{shape[1]} float32", "", FIRST_HEADER]
     for name, params, _ in formats:
         cache_dir = tempfile.mkdtemp(prefix="lowbit-bench-first-")
