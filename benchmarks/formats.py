@@ -189,7 +189,7 @@ def first_call_row(name: str, params: dict, shape: tuple[int, int], cache_dir: s
     return out
 
 
-FIRST_HEADER = ("| format | import lowbit s | cold: first call ms | cold: native loaded after ms "
+FIRST_HEADER = ("| format | import lowbit ms | cold: first call ms | cold: native loaded after ms "
                 "| cold: next 5 median / max ms | cold: first - median ms | warm: first call ms "
                 "| warm: native loaded after ms | warm: next 5 median / max ms | warm: first - median ms |\n"
                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -203,7 +203,7 @@ def first_call_lines(formats, shape: tuple[int, int]) -> list[str]:
         cold, warm = first_call_row(name, params, shape, cache_dir)
         cells = [f"{run[1] * 1e3:.1f} | {run[4] * 1e3:.0f} | {run[2] * 1e3:.2f} / {run[3] * 1e3:.1f} "
                  f"| {(run[1] - run[2]) * 1e3:.1f}" for run in (cold, warm)]  # fmt: skip
-        lines.append(f"| {lowbit.get_format(name)(**params).describe()} | {cold[0]:.2f} | {cells[0]} | {cells[1]} |")
+        lines.append(f"| {lowbit.get_format(name)(**params).describe()} | {cold[0] * 1e3:.1f} | {cells[0]} | {cells[1]} |")
         print(lines[-1], flush=True)
     return lines
 

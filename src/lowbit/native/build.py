@@ -3,7 +3,7 @@
 The C sources in ``csrc/`` are compiled once per machine into a shared library, with the machine's own
 instruction set (``-march=native``: the compiler probes the CPU) and IEEE arithmetic kept exact (no fast-math,
 no contraction of a*b+c into a fused multiply-add, so every kernel rounds exactly as the eager torch ops do).
-A build takes 30-50 s on 2 cores (one compiler process per source file, in parallel); it never runs at import,
+A build takes 35-55 s on 2 cores (one compiler process per source file, in parallel); it never runs at import,
 and ``auto`` starts it on a background thread (a compiler subprocess: nothing in this process is patched or
 traced), answering eagerly until it is loaded.
 
