@@ -1,0 +1,69 @@
+"""The floor of the formats whose parameters come from the whole tensor, side by side in one process.
+
+TWN, binary with a scale and affine per tensor must see every element before they can write one: a pass that
+reads x for the statistic, then a pass that reads x again and writes out (past the cache, x is read from
+memory twice). This script times, as multiples of ``x.clone()`` in the same round (``timing.interleaved``):
+a read-only pass (``x.amax()``), each format's element pass alone (the same kernel with its parameter given:
+ternary with a fixed threshold, binary unscaled, affine with a given scale and zero point) and the whole
+format; "floor" is the read pass plus the element pass, what two passes cost on this machine at this moment.
+The native kernels run (``backend native``); the allocator is pinned (``timing.pin_allocator``).
+
+    .venv/bin/python benchmarks/two_pass_floor.py --rounds 9 --shape 4096x4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch
+from machine import header_line
+from timing import cell, interleaved, pin_allocator
+
+import lowbit
+from lowbit import backend
+
+# (name, the whole format, its element pass alone with the parameter given)
+PAIRS = [
+    ("ternary (TWN)", ("ternary", {"scaling_factor": True}), ("ternary", {"threshold": 0.5})),
+    ("binary, scaled", ("binary", {"scaling_factor": True}), ("binary", {})),
+    ("affine 8-bit per tensor", ("affine", {"bits": 8}), ("affine", {"bits": 8, "scale": 0.05, "zero_point": 3})),
+]
+
+
+def on(spec: lowbit.FormatSpec, x: torch.Tensor):
+    return lambda: spec.quantize(x)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--shape", default="4096x4096", help="ROWSxCOLS")
+    args = parser.parse_args()
+    allocator = pin_allocator("warm")
+    if lowbit.native.ensure() is None:
+        raise SystemExit(f"no native library: {lowbit.native.build.error()}")
+    backend.set_backend("native")
+    rows, columns = (int(part) for part in args.shape.split("x"))
+    x = torch.randn(rows, columns, generator=torch.Generator().manual_seed(0))
+    calls = {"clone": x.clone, "read (x.amax())": x.amax}
+    for name, whole, element in PAIRS:
+        calls[name] = on(lowbit.get_format(whole[0])(**whole[1]), x)
+        calls[f"{name}: element pass"] = on(lowbit.get_format(element[0])(**element[1]), x)
+    timings = interleaved(calls, "clone", rounds=args.rounds)
+    print(header_line() + "; " + allocator)
+    print(f"\n{args.shape} float32, native backend, x clone (clone {timings['clone'].milliseconds:.2f} ms), median (min-max) "
+          f"of {args.rounds} rounds\n")
+    read = timings["read (x.amax())"].ratio
+    print(f"read pass: {cell(timings['read (x.amax())'])}\n")
+    print("| format | element pass alone | floor (read + element pass) | the format |\n|---|---:|---:|---:|")
+    for name, _, _ in PAIRS:
+        element = timings[f"{name}: element pass"]
+        print(f"| {name} | {cell(element)} | {read + element.ratio:.2f} | {cell(timings[name])} |")
+
+
+if __name__ == "__main__":
+    main()
