@@ -16,8 +16,9 @@ directories ("warm"): the first ``lowbit.quantize`` call (it starts the native b
 and answers eagerly), the time until the native library is loaded, and the median and max of the next five
 calls after it. lowbit's modules are compiled to bytecode first, as ``pip install`` does for an installed
 package: an editable install under ``PYTHONDONTWRITEBYTECODE=1`` (this set-up) would otherwise compile about
-thirty modules from source in every fresh process, 45-60 ms of each first call. The report starts with the command, the machine line of ``machine.py`` and how large
-allocations were served (``--memory``, ``timing.pin_allocator``: it decides the 4096 x 4096 ratios).
+thirty modules from source in every fresh process, 45-60 ms of each first call. The report starts with the
+command, the machine line of ``machine.py`` and how large allocations were served (``--memory``,
+``timing.pin_allocator``: it decides the 4096 x 4096 ratios).
 
 Usage: python benchmarks/formats.py [--shapes 384x384 2112x384] [--dtypes float32 bfloat16] [--rounds 5]
                                     [--only NAME ...] [--first-call] [--no-compile] [--memory warm|as-is]
@@ -203,7 +204,8 @@ def first_call_lines(formats, shape: tuple[int, int]) -> list[str]:
         cold, warm = first_call_row(name, params, shape, cache_dir)
         cells = [f"{run[1] * 1e3:.1f} | {run[4] * 1e3:.0f} | {run[2] * 1e3:.2f} / {run[3] * 1e3:.1f} "
                  f"| {(run[1] - run[2]) * 1e3:.1f}" for run in (cold, warm)]  # fmt: skip
-        lines.append(f"| {lowbit.get_format(name)(**params).describe()} | {cold[0] * 1e3:.1f} | {cells[0]} | {cells[1]} |")
+        described = lowbit.get_format(name)(**params).describe()
+        lines.append(f"| {described} | {cold[0] * 1e3:.1f} | {cells[0]} | {cells[1]} |")
         print(lines[-1], flush=True)
     return lines
 

@@ -55,8 +55,9 @@ def main() -> None:
         calls[f"{name}: element pass"] = on(lowbit.get_format(element[0])(**element[1]), x)
     timings = interleaved(calls, "clone", rounds=args.rounds)
     print(header_line() + "; " + allocator)
-    print(f"\n{args.shape} float32, native backend, x clone (clone {timings['clone'].milliseconds:.2f} ms), median (min-max) "
-          f"of {args.rounds} rounds\n")
+    clone_ms = timings["clone"].milliseconds
+    print(f"\n{args.shape} float32, native backend, x clone (clone {clone_ms:.2f} ms), median (min-max) of "
+          f"{args.rounds} rounds\n")
     read = timings["read (x.amax())"].ratio
     print(f"read pass: {cell(timings['read (x.amax())'])}\n")
     print("| format | element pass alone | floor (read + element pass) | the format |\n|---|---:|---:|---:|")

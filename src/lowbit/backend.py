@@ -3,8 +3,9 @@
 ``native`` runs a format's ``_native`` kernel (``lowbit.native``: plain C compiled once per machine, one
 pass over memory, bit-identical to eager) on CPU tensors of float32 / float16 / bfloat16, where the format has
 one for its parameters; everything else runs eagerly. ``auto`` (the default) takes the native kernel as soon
-as the library is loaded: the first call starts its build on a background thread (a compiler subprocess,
-a few seconds; cached on disk for later processes) and answers eagerly meanwhile.
+as the library is loaded: the first call starts its build on a background thread (compiler subprocesses,
+started once that call has answered; 35-55 s on 2 cores, cached on disk for later processes) and answers
+eagerly meanwhile.
 
 ``eager`` runs a format's ``_quantize`` op by op: every op reads and writes the whole tensor. ``compiled``
 hands the same function to ``torch.compile`` (Inductor's C++ backend on CPU), which fuses it into one
@@ -127,6 +128,12 @@ def run_native(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor | None:
 
 def run_without_native(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """``run`` once the native kernel has declined (or was never a candidate)."""
+    result = _eager_or_fused(spec, x, generator)
+    native.answered()  # a background build that this call started may start its compilers now
+    return result
+
+
+def _eager_or_fused(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     if not wants_compiled(spec, x):
         return spec._quantize_in_dtype(x, generator)
     upcast = spec.upcast_before_kernel and x.dtype in (torch.float16, torch.bfloat16)

@@ -248,6 +248,56 @@ def test_calls_while_the_background_build_runs_never_wait_for_it(fresh_cache, mo
     assert all(torch.equal(answer, answers[0]) for answer in answers) and "released" in build.error()
 
 
+def compile_spy(monkeypatch) -> list[bool]:
+    """Replaces the compiler step: notes whether the call that started the build had answered, builds nothing."""
+    seen = []
+
+    def spy(cc, flags, path):
+        event = build._state["answered"]
+        seen.append(event is None or event.is_set())
+        return "spy: nothing built"
+
+    monkeypatch.setattr(build, "_compile", spy)
+    return seen
+
+
+@needs_compiler
+def test_the_background_build_compiles_once_the_first_call_has_answered(fresh_cache, monkeypatch):
+    seen = compile_spy(monkeypatch)
+    monkeypatch.setattr(build, "ANSWER_WAIT_S", 120.0)  # only the answer can release it within the join below
+    backend.set_backend("auto")
+    try:
+        x = torch.randn(64, 64)
+        assert torch.equal(lowbit.quantize(x, "e4m3"), lowbit.get_format("e4m3")()._quantize_in_dtype(x, None))
+        build._state["thread"].join(60)
+        assert not build._state["thread"].is_alive(), "the build still waited after the call had answered"
+    finally:
+        backend.set_backend("eager")
+    assert seen and all(seen) and "spy" in build.error()
+
+
+@needs_compiler
+def test_a_background_build_that_no_call_answers_for_compiles_after_the_wait(fresh_cache, monkeypatch):
+    seen = compile_spy(monkeypatch)
+    monkeypatch.setattr(build, "ANSWER_WAIT_S", 0.05)
+    build.start_background_build()  # as a caller that never reaches backend.run would
+    build._state["thread"].join(60)
+    assert seen and not any(seen)
+
+
+@needs_compiler
+def test_a_caller_who_waits_for_the_library_releases_a_build_waiting_for_an_answer(fresh_cache, monkeypatch):
+    seen = compile_spy(monkeypatch)
+    monkeypatch.setattr(build, "ANSWER_WAIT_S", 120.0)
+    build.start_background_build()
+    caller = threading.Thread(target=build.ensure)  # the "native" backend or warmup, on another thread
+    caller.start()
+    caller.join(60)
+    assert not caller.is_alive(), "ensure() waited for an answer"
+    build._state["thread"].join(60)
+    assert seen and all(seen)
+
+
 def test_import_starts_no_build():
     result = subprocess.run([sys.executable, "-c", "import lowbit, threading; print(threading.active_count())"],
                             check=False, capture_output=True, text=True, timeout=60)  # fmt: skip

@@ -5,6 +5,6 @@ Formats implement ``FormatSpec._native`` with the kernels of :mod:`lowbit.native
 loaded (see :mod:`lowbit.native.build`: compiled once per machine, on a background thread, and cached).
 """
 
-from lowbit.native.build import disabled, ensure, error, library, start_background_build
+from lowbit.native.build import answered, disabled, ensure, error, library, start_background_build
 
-__all__ = ["disabled", "ensure", "error", "library", "start_background_build"]
+__all__ = ["answered", "disabled", "ensure", "error", "library", "start_background_build"]

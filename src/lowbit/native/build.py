@@ -5,7 +5,9 @@ instruction set (``-march=native``: the compiler probes the CPU) and IEEE arithm
 no contraction of a*b+c into a fused multiply-add, so every kernel rounds exactly as the eager torch ops do).
 A build takes 35-55 s on 2 cores (one compiler process per source file, in parallel); it never runs at import,
 and ``auto`` starts it on a background thread (a compiler subprocess: nothing in this process is patched or
-traced), answering eagerly until it is loaded.
+traced), answering eagerly until it is loaded. That thread starts its compilers once the call that started it
+has its answer (``answered``; at most ANSWER_WAIT_S later): on a small machine they would take every core
+while that first call runs.
 
 Cache: ``$LOWBIT_CACHE_DIR`` (else ``$XDG_CACHE_HOME/lowbit``, else ``~/.cache/lowbit``) holds
 ``native-<key>.so`` and its sealed checksum ``native-<key>.so.sha256``; the key covers the sources, the
@@ -56,7 +58,11 @@ BUILD_TIMEOUT_S = 120
 # sources, the compiler and its version, the flags and the CPU, so any change of those tries it again.
 RETRY_FAILED_S = 24 * 3600
 
-_state: dict = {"library": None, "error": None, "thread": None, "fallback": None}
+# How long the background build's compilers wait, at most, for the call that started it to answer (on 2 cores
+# TWN's first eager call took 57-401 ms beside them, 22-26 ms alone: benchmarks/RESULTS.md, sixteenth session).
+ANSWER_WAIT_S = 1.0
+
+_state: dict = {"library": None, "error": None, "thread": None, "fallback": None, "answered": None}
 _lock = threading.Lock()  # held by ensure() for the whole build
 _start_lock = threading.Lock()  # only around starting the background thread: never held for long
 
@@ -70,6 +76,7 @@ def _after_fork_in_child() -> None:
     _state["forked"] = True  # a library loaded from now on must not enter libgomp's pool (csrc/parallel.c)
     if _state["library"] is None and _state["error"] is None:
         _state["thread"] = None
+    _state["answered"] = None
 
 
 if hasattr(os, "register_at_fork"):
@@ -136,9 +143,26 @@ def start_background_build() -> None:
         return
     with _start_lock:
         if _state["thread"] is None:
+            _state["answered"] = threading.Event()
             _state["thread"] = threading.Thread(target=ensure, name="lowbit-native-build", daemon=True)
             _state["thread"].start()
             atexit.register(_finish_build)
+
+
+def answered() -> None:
+    """The call that started the background build has its answer (backend.run_without_native): the build's
+    compilers may take the cores now. A caller of ``ensure`` says it too (it waits for the library)."""
+    event = _state["answered"]
+    if event is not None:
+        _state["answered"] = None
+        event.set()
+
+
+def _wait_for_answer() -> None:
+    """On the background build's thread only: wait (at most ANSWER_WAIT_S) for ``answered``."""
+    event = _state["answered"]
+    if event is not None and threading.current_thread() is _state["thread"]:
+        event.wait(ANSWER_WAIT_S)
 
 
 def _finish_build() -> None:
@@ -153,6 +177,8 @@ def ensure() -> ctypes.CDLL | None:
     """Build (if needed) and load the library now; None (and ``error()`` says why) when it cannot be."""
     if disabled():
         return None
+    if threading.current_thread() is not _state["thread"]:
+        answered()  # a caller waiting for the library: a build in flight need not wait for an answer
     with _lock:
         if _state["library"] is None and _state["error"] is None:
             try:
@@ -167,7 +193,7 @@ def ensure() -> ctypes.CDLL | None:
 def reset() -> None:
     """Forget the loaded library and any failure (tests; the next ``ensure`` loads from the cache again)."""
     with _lock:
-        _state.update(library=None, error=None, thread=None, fallback=None)  # a fork stays noted: it is ours
+        _state.update(library=None, error=None, thread=None, fallback=None, answered=None)  # a fork stays noted
 
 
 def _sources() -> list[Path]:
@@ -207,10 +233,13 @@ def _load_or_build() -> ctypes.CDLL:
     choices = _flag_choices()
     for flags in choices:
         path = folder / f"native-{_key(cc, flags)}.so"
-        if not _sealed(path) and (message := _failed_before(path)) is not None:
+        sealed = _sealed(path)
+        if not sealed and (message := _failed_before(path)) is not None:
             failures.append(message)
             continue
-        if _sealed(path) or (message := _compile(cc, flags, path)) is None:
+        if not sealed:
+            _wait_for_answer()
+        if sealed or (message := _compile(cc, flags, path)) is None:
             if failures:
                 _note_fallback([flag for flag in choices[0] if flag not in flags], failures[0])
             return ctypes.CDLL(str(path))
