@@ -82,6 +82,17 @@ def measure(x: torch.Tensor, names: list[str], rounds: int) -> dict[str, float]:
     return ratios
 
 
+def native_input(shape: str, dtype: torch.dtype) -> tuple[torch.Tensor, str]:
+    """For a table of native kernels: the allocator pinned (its line returned), the library loaded, the backend
+    "native", and x = randn of ``shape`` ("ROWSxCOLS", seed 0) in ``dtype``."""
+    allocator = pin_allocator("warm")
+    if lowbit.native.ensure() is None:
+        raise SystemExit(f"no native library: {lowbit.native.build.error()}")
+    backend.set_backend("native")
+    rows, columns = (int(part) for part in shape.split("x"))
+    return torch.randn(rows, columns, generator=torch.Generator().manual_seed(0)).to(dtype), allocator
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=9)
@@ -89,12 +100,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--only", nargs="*", choices=sorted(FORMATS), default=list(FORMATS))
     args = parser.parse_args()
-    allocator = pin_allocator("warm")
-    if lowbit.native.ensure() is None:
-        raise SystemExit(f"no native library: {lowbit.native.build.error()}")
-    backend.set_backend("native")
-    rows, columns = (int(part) for part in args.shape.split("x"))
-    x = torch.randn(rows, columns, generator=torch.Generator().manual_seed(0)).to(getattr(torch, args.dtype))
+    x, allocator = native_input(args.shape, getattr(torch, args.dtype))
     ratios = measure(x, args.only, args.rounds)
     print(header_line() + "; " + allocator)
     print(f"\n{args.shape} {args.dtype}, native backend, median of {args.rounds} rounds, x clone "

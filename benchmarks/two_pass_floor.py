@@ -21,10 +21,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
 from machine import header_line
-from timing import cell, interleaved, pin_allocator
+from past_cache import native_input
+from timing import cell, interleaved
 
 import lowbit
-from lowbit import backend
 
 # (name, the whole format, its element pass alone with the parameter given)
 PAIRS = [
@@ -43,12 +43,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--shape", default="4096x4096", help="ROWSxCOLS")
     args = parser.parse_args()
-    allocator = pin_allocator("warm")
-    if lowbit.native.ensure() is None:
-        raise SystemExit(f"no native library: {lowbit.native.build.error()}")
-    backend.set_backend("native")
-    rows, columns = (int(part) for part in args.shape.split("x"))
-    x = torch.randn(rows, columns, generator=torch.Generator().manual_seed(0))
+    x, allocator = native_input(args.shape, torch.float32)
     calls = {"clone": x.clone, "read (x.amax())": x.amax}
     for name, whole, element in PAIRS:
         calls[name] = on(lowbit.get_format(whole[0])(**whole[1]), x)
