@@ -280,7 +280,7 @@ def test_the_background_build_compiles_once_the_first_call_has_answered(fresh_ca
 def test_a_background_build_that_no_call_answers_for_compiles_after_the_wait(fresh_cache, monkeypatch):
     seen = compile_spy(monkeypatch)
     monkeypatch.setattr(build, "ANSWER_WAIT_S", 0.05)
-    build.start_background_build()  # as a caller that never reaches backend.run would
+    build.start_background_build()  # as a caller that never reaches backend.run_without_native would
     build._state["thread"].join(60)
     assert seen and not any(seen)
 
