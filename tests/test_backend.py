@@ -14,7 +14,7 @@ from format_cases import CASES
 from helpers import assert_same
 
 import lowbit
-from lowbit import backend
+from lowbit import backend, casting
 
 SPECIAL = [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-40, -3e38, 2.0**-9, 448.0, 1.9375]
 
@@ -50,7 +50,7 @@ def test_compiled_equals_eager(name, params):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager would hide a failure
         actual = [spec(x), spec(x[:5, :33].contiguous())]
-    for got, want in zip(actual, expected):
+    for got, want in zip(actual, expected, strict=True):
         assert_same(got, want)
     assert (spec, torch.float32, 2, torch.float32) in backend._kernels  # it really ran compiled
 
@@ -91,7 +91,7 @@ def test_compiled_equals_eager_with_given_parameters_per_channel(name, params):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         got = [spec(x), spec(x[:5].contiguous())]
-    for actual, expected in zip(got, want):
+    for actual, expected in zip(got, want, strict=True):
         assert_same(actual, expected)
     assert (spec, torch.float32, 2, torch.float32) in backend._kernels
 
@@ -269,7 +269,8 @@ def test_warmup_compiles_up_front_with_progress_and_auto_uses_it_from_the_first_
     ready = lowbit.warmup(["e2m1", lowbit.get_format("integer")(width=4)], [(64, 300)],
                           dtypes=(torch.float32, torch.bfloat16), progress=lines.append)  # fmt: skip
     assert ready == 4 and len(lines) == 8
-    assert lines[0].startswith("lowbit warmup [1/4] compiling e2m1(") and lines[1].startswith("lowbit warmup [1/4] ready in")
+    assert lines[0].startswith("lowbit warmup [1/4] compiling e2m1(")
+    assert lines[1].startswith("lowbit warmup [1/4] ready in")
     x = torch.randn(64, 300, dtype=torch.bfloat16)
     calls = len(slow.threads)
     got = lowbit.quantize(x, "integer", width=4)
@@ -338,6 +339,6 @@ def test_saturating_cast_matches_its_rule_on_every_kind_of_tensor(dtype, special
         x[17] = replaced[special]
     limit = torch.finfo(dtype).max
     want = torch.where(torch.isfinite(x), x.clamp(-limit, limit), x).to(dtype)
-    got = backend.saturating_cast(x, dtype)
+    got = casting.saturating_cast(x, dtype)
     assert got.dtype == dtype and torch.equal(torch.isnan(got), torch.isnan(want))
     assert torch.equal(got[~torch.isnan(got)], want[~torch.isnan(want)])

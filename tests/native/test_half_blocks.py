@@ -1,6 +1,6 @@
 """Block kernels and affine rows / given channels over bfloat16 / float16 storage (csrc/stream.h's
 lb_half_tiles_range: runs of whole blocks or rows widened into one float32 tile, computed, narrowed): the same
-bits as the eager path (float32 arithmetic, then backend.saturating_cast) for every 16-bit input in order and
+bits as the eager path (float32 arithmetic, then casting.saturating_cast) for every 16-bit input in order and
 shuffled (blocks of NaN, inf, subnormals, mixed magnitudes), in every deterministic mode, in rows of whole
 blocks and rows with short last blocks, on several threads; blocks longer
 than a tile decline halves and take the float32 route."""

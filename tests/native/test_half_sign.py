@@ -1,6 +1,6 @@
 """Sign formats (binary, ternary) over bfloat16 / float16 storage (csrc/sign.c's half_phase: each statistics
 and element pass reads tiles of x widened into float32, the element pass narrows its tiles into out): the same
-bits as the eager path (float32 arithmetic, then backend.saturating_cast) for every 16-bit input, per tensor
+bits as the eager path (float32 arithmetic, then casting.saturating_cast) for every 16-bit input, per tensor
 and per channel on the first and last axes, on one and several threads, over several pieces, and where a mean
 lies on a float32 midpoint (the exact step reads the halves too)."""
 

@@ -1,7 +1,7 @@
 """Element-wise native kernels over bfloat16 / float16 storage (csrc/stream.h: a tile widened into float32,
 computed, narrowed): on every 16-bit input pattern, in every deterministic rounding mode where the format has
 modes, on one and several threads and at lengths that end in a partial tile, the same bits as the eager path
-(which computes on the float32 value and casts back with backend.saturating_cast)."""
+(which computes on the float32 value and casts back with casting.saturating_cast)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import torch
 
 from lowbit import backend
 from lowbit.formats import resolve
-from lowbit.native import build, kernels
+from lowbit.native import build, flags, kernels
 
 
 def test_openmp_is_chosen_exactly_when_torch_runs_on_gnu_openmp(monkeypatch):
@@ -27,12 +27,12 @@ def test_openmp_is_chosen_exactly_when_torch_runs_on_gnu_openmp(monkeypatch):
     runtimes = {line.rsplit("/", 1)[-1] for line in maps.splitlines() if "omp" in line.rsplit("/", 1)[-1]}
     on_gnu = any(name.startswith("libgomp") for name in runtimes)
     other = any(name.startswith(("libiomp", "libomp")) for name in runtimes)
-    assert build.openmp_wanted() == (on_gnu and not other)
-    assert all("-fopenmp" in flags for flags in build._flag_choices()[:2]) == build.openmp_wanted()
-    assert build._flag_choices()[-1] == build.BASE_FLAGS  # the last resort: plain flags
+    assert flags.openmp_wanted() == (on_gnu and not other)
+    assert all("-fopenmp" in chosen for chosen in flags.choices()[:2]) == flags.openmp_wanted()
+    assert flags.choices()[-1] == flags.BASE_FLAGS  # the last resort: plain flags
     monkeypatch.setenv("LOWBIT_NATIVE_OPENMP", "0")
-    assert not build.openmp_wanted()
-    assert not any("-fopenmp" in flags for flags in build._flag_choices())
+    assert not flags.openmp_wanted()
+    assert not any("-fopenmp" in chosen for chosen in flags.choices())
 
 
 def test_the_loaded_library_shares_torchs_openmp_runtime(several_threads):
@@ -128,7 +128,7 @@ torch.set_num_threads(2)
 (torch.randn(1 << 22) * 2).sum()            # torch's OpenMP pool has run
 from lowbit import backend
 from lowbit.formats import resolve
-from lowbit.native import build, kernels
+from lowbit.native import build, flags, kernels
 assert build.library() is None
 pid = os.fork()
 if pid == 0:  # no torch op that may go parallel here: torch's own would wait forever

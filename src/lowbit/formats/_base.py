@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from lowbit import backend
-from lowbit.backend import saturating_cast
+from lowbit.casting import saturating_cast
 from lowbit.errors import FormatError, LowbitError, did_you_mean
 from lowbit.formats.rounding import ROUNDING_MODES, canonical_rounding, make_generator
 from lowbit.formats.ste import straight_through
@@ -36,7 +36,7 @@ class FormatSpec:
     roundings: ClassVar[tuple[str, ...]] = ROUNDING_MODES
     # Formats with per-block reductions run slower when Inductor's dynamic-shape reduction kernels handle
     # half types (block_fp on bf16 4096^2: 460 ms fused vs about 200 ms, measured): their compiled kernel
-    # works in float32 and the backend casts around it (see backend.saturating_cast).
+    # works in float32 and the backend casts around it (see casting.saturating_cast).
     upcast_before_kernel: ClassVar[bool] = False
 
     rounding: str = "nearest_even"
@@ -127,7 +127,7 @@ class FormatSpec:
 
     def _native_takes_halves(self) -> bool:
         """Whether ``_native`` also takes bfloat16 / float16 x and answers in x's dtype, as the float32 kernel's
-        result cast with ``backend.saturating_cast`` (csrc/stream.h widens and narrows a tile at a time, so no
+        result cast with ``casting.saturating_cast`` (csrc/stream.h widens and narrows a tile at a time, so no
         float32 tensor is made). Where it does not, or answers None for halves in some layout (blocks longer
         than a tile, affine per channel), the backend widens x and narrows the float32 kernel's result."""
         return False

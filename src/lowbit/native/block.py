@@ -4,7 +4,7 @@ elements, MX, block_fp, block_minifloat and block_log. Blocks are contiguous run
 ``blocking.contiguous_runs`` describes them. Each function returns a tensor of x's dtype, or None where no library is
 loaded or the rounding mode has no code (stochastic): the caller then runs the eager path. Every kernel also
 takes bfloat16 / float16 x, a tile at a time widened to float32 and the result narrowed (the float32 kernel's
-result cast by ``backend.saturating_cast``); the block kernels do where blocks are at most a tile (2048
+result cast by ``casting.saturating_cast``); the block kernels do where blocks are at most a tile (2048
 elements, csrc/stream.h) long, and answer None for longer ones."""
 
 from __future__ import annotations

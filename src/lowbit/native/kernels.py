@@ -148,7 +148,7 @@ HALF_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def narrow(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-    """A contiguous float32 CPU tensor as bfloat16 / float16 by backend.saturating_cast's rule (nearest
+    """A contiguous float32 CPU tensor as bfloat16 / float16 by casting.saturating_cast's rule (nearest
     even; finite values past the range to its largest finite value), or None (other dtype, no library)."""
     entry = function("lb_narrow_f32", [POINTER, POINTER, I64, INT, INT])
     half = HALF_CODES.get(dtype)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from lowbit.backend import saturating_cast
+from lowbit.casting import saturating_cast
 from lowbit.errors import FormatError
 from lowbit.formats._base import FormatSpec
 from lowbit.formats._registry import resolve

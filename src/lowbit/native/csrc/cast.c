@@ -1,5 +1,5 @@
 /* bfloat16 / float16 tensors around the float32 kernels (backend._native_result): the float32 result
- * narrowed back in one pass by backend.saturating_cast's rule (half.h); torch's isfinite / where / cast took
+ * narrowed back in one pass by casting.saturating_cast's rule (half.h); torch's isfinite / where / cast took
  * about 25 times a copy of the tensor for this. */
 #include "common.h"
 #include "half.h"

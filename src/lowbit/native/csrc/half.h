@@ -1,5 +1,5 @@
 /* bfloat16 / float16 storage around float32 arithmetic (cast.c; stream.h's element passes over halves):
- * widening is exact; narrowing follows backend.saturating_cast (finite values beyond the narrow type's range
+ * widening is exact; narrowing follows casting.saturating_cast (finite values beyond the narrow type's range
  * become its largest finite value of their sign; inf stays inf, NaN stays NaN), rounded to nearest even.
  *
  * Narrowing to bfloat16 is the float32 bit pattern rounded at bit 16, which is correct for subnormals too
@@ -89,7 +89,7 @@ static inline uint16_t float16_of_bits(uint32_t bits) {
     return (uint16_t)(sign | kept);
 }
 
-/* out[0, n) = x[0, n) narrowed by backend.saturating_cast's rule. */
+/* out[0, n) = x[0, n) narrowed by casting.saturating_cast's rule. */
 static inline void lb_narrow_halves(const float *restrict values, uint16_t *restrict out, int64_t n, int kind) {
     const uint32_t *restrict x = (const uint32_t *)values;
     int64_t i = 0, end = n;
