@@ -13,7 +13,7 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "lowbit"
 # Lower number = lower floor. A module may import its own package and any lower floor, never a higher one.
 FLOORS = {
     "errors": 0, "_version": 0, "_io": 1, "_model": 1, "_checksum": 2, "models": 1, "datasets": 1, "native": 1,
-    "backend": 2, "formats": 3,  # _checksum (2) builds on _io
+    "casting": 1, "backend": 2, "formats": 3,  # _checksum (2) builds on _io
     "api": 4, "calibrate": 4, "qtensor": 4, "nn": 4,
     "optim": 5, "config": 5, "ops": 5,
     "graph": 6, "flows": 7, "export": 8, "report": 8,
@@ -32,9 +32,8 @@ def _module_name(path: Path) -> str:
 def _target_files(module: str) -> list[Path]:
     """The file(s) an import of ``module`` runs: the module itself (package __init__ or .py)."""
     relative = Path(*module.split("."))
-    found = [candidate for candidate in (SOURCE.parent / relative / "__init__.py", SOURCE.parent / relative.with_suffix(".py"))
-             if candidate.exists()]  # fmt: skip
-    return found
+    candidates = (SOURCE.parent / relative / "__init__.py", SOURCE.parent / relative.with_suffix(".py"))
+    return [candidate for candidate in candidates if candidate.exists()]
 
 
 def _runtime_nodes(tree: ast.AST):
