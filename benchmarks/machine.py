@@ -90,7 +90,9 @@ def header_line(machine: dict | None = None) -> str:
     numbers = ", ".join(f"{name} {value}" for name, value in (("family", m["family"]), ("model", m["model"])) if value)
     identity = " ".join(part for part in (m["vendor"], numbers) if part)
     flags = " ".join(m["flags"]) if m["flags"] is not None else "unknown"
-    return (f"machine: {m['cpu']}" + (f" ({identity})" if identity else "") + f"; class {m['cpu_class']}; "
+    emulation = os.environ.get("LOWBIT_BENCH_EMULATED")  # benchmarks/emulate.py: another class's kernels
+    kind = m["cpu_class"] + (f", kernels EMULATED as {emulation} (--emulate {emulation})" if emulation else "")
+    return (f"machine: {m['cpu']}" + (f" ({identity})" if identity else "") + f"; class {kind}; "
             f"flags {flags or 'none of ' + '/'.join(ISA_FLAGS)}; torch CPU capability {m['torch_capability']}; "
             f"{m['threads']} threads ({m['cpus']} CPUs); torch {m['torch']}; GPU {m['gpu'] or 'none'}; "
             f"native kernels built for {m.get('native_target') or native_target()}")  # fmt: skip

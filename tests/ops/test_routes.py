@@ -16,7 +16,7 @@ from lowbit.ops import Int4WeightOnlyLinear, Int8DynamicLinear, Int8WeightOnlyLi
 from lowbit.ops import capabilities, routes
 
 CPU = torch.device("cpu")
-SUM_PATHS = ("int_mm", "onednn", "fbgemm_pairs", "float_codes")  # exact int32 sums, one rescaling: identical
+SUM_PATHS = ("int_mm", "onednn", "fbgemm_pairs", "float_codes", "native")  # exact int32 sums, one rescaling: identical
 
 
 def _module(k: int = 96, n: int = 40, seed: int = 0, **options) -> Int8DynamicLinear:

@@ -44,16 +44,19 @@ def _int8_weight():
 def real_targets(root: nn.Module, recipe: Recipe, conv: bool) -> tuple[dict[str, nn.Module], dict[str, str]]:
     """(name -> plain nn.Linear / nn.Conv2d to swap, name -> why a convolution stays float)."""
     from lowbit.ops.conv_modules import conv_problem
+    from lowbit.ops.routes import int8_conv_problem
 
     kinds = (nn.Linear, nn.Conv2d) if conv else (nn.Linear,)
     targets, kept = {}, {}
     for name, module in select_modules(root, kinds, recipe.skip).items():
-        problem = conv_problem(module) if isinstance(module, nn.Conv2d) else None
+        problem = None
+        if isinstance(module, nn.Conv2d):
+            problem = conv_problem(module) or int8_conv_problem(module.weight.device)
         if problem is None:
             targets[name] = module
         else:
             kept[name] = problem
-    if not targets:
+    if not targets and not kept:
         raise ConfigError(f"the model has no nn.Linear{' or nn.Conv2d' if conv else ''} layer to quantize (after skip)")
     return targets, kept
 
@@ -72,14 +75,36 @@ def quantize_real(root: nn.Module, recipe: Recipe) -> dict[str, Any]:
     """Swap ``root``'s layers (in place) by a real recipe; returns the info dict."""
     conv = getattr(recipe, "include_conv", False)
     targets, kept = real_targets(root, recipe, conv)
-    factory = _FACTORIES[type(recipe)](root, targets, recipe)
+    factory = _FACTORIES[type(recipe)](root, targets, recipe) if targets else None
     converted = {}
     for name, module in targets.items():
         new = factory(name, module)
         replace_module(root, name, new)
         converted[name] = type(new).__name__
     info = {"recipe": recipe.name, "quantized": converted, "counts": dict(Counter(converted.values()))}
+    note = int8_speed_note(recipe, targets)
+    info = {**info, "note": note} if note else info
     return {**info, "kept": kept} if kept else info
+
+
+def int8_speed_note(recipe: Recipe, targets: dict[str, nn.Module]) -> str | None:
+    """The one line saying that this machine has no exact int8 Linear route faster than float32 (None where
+    it has one, and for the other recipes). The native library is built or loaded here if need be: whether
+    its kernel is faster is measured, not assumed."""
+    from lowbit import backend
+    from lowbit.native import ensure
+    from lowbit.ops import routes
+
+    if not isinstance(recipe, (Int8Dynamic, W8A8Static)) or getattr(recipe, "act_bits", 8) != 8:
+        return None
+    for device in {module.weight.device for module in targets.values() if isinstance(module, nn.Linear)}:
+        if routes.int8_linear_problem(device, native=False) is None:
+            continue
+        native = backend.get_backend() in ("auto", "native") and ensure() is not None
+        problem = routes.int8_linear_problem(device, native=native)
+        if problem is not None:
+            return problem
+    return None
 
 
 def _int8_dynamic(root, targets, recipe: Int8Dynamic):

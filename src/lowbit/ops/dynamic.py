@@ -31,7 +31,7 @@ class Int8DynamicLinear(_Int8WeightLinear):
     bit-identical to each other).
     """
 
-    paths = ("auto", "reference", "fbgemm", "int_mm", "compiled", "fbgemm_pairs", "float_codes", "onednn")
+    paths = ("auto", "reference", "fbgemm", "int_mm", "compiled", "fbgemm_pairs", "float_codes", "onednn", "native")
     GRANULARITIES = ("token", "tensor")
     COMPILED_MIN_ROWS = routes.COMPILED_MIN_ROWS
 
@@ -62,7 +62,8 @@ class Int8DynamicLinear(_Int8WeightLinear):
         token = self.act_granularity == "token"
         compile_allowed = token and backend.compiling_allowed(rows.numel(), auto_min_elements=0)
         return routes.int8_dynamic(rows.device, rows.shape[0], self.in_features, self.out_features, token=token,
-                                   act_bits=self.act_bits, compile_allowed=compile_allowed)  # fmt: skip
+                                   act_bits=self.act_bits, compile_allowed=compile_allowed,
+                                   native=backend.native_ready())  # fmt: skip
 
     # ---- reference: codes, exact int64 sums, float64 rescaling ----------------------------------------------
     def forward_reference(self, rows: torch.Tensor) -> torch.Tensor:
@@ -154,9 +155,9 @@ class Int8DynamicLinear(_Int8WeightLinear):
             codes, scale, offset = backend.run_fused(quantize_key, kernels.token_quantize, rows, symmetric, self.q_max)
         else:
             codes, scale, offset = kernels.token_quantize(rows, symmetric, self.q_max)
-        if token is not None and path in ("int_mm", "compiled"):  # native steps: int32 sums in a buffer of their own, which
-            acc = kernels.int_mm_fresh(codes, self._weight_t())  # the rescale turns into the float32 result
-            return self._rescale_sums(acc, scale, offset, fused, owned=True)
+        if token is not None and path in ("int_mm", "compiled", "native"):  # native steps: int32 sums in a buffer of
+            acc = self._native_sums(codes) if path == "native" else kernels.int_mm_fresh(codes, self._weight_t())
+            return self._rescale_sums(acc, scale, offset, fused, owned=True)  # their own, rescaled in place
         return self._rescale_sums(self._token_sums(codes, path), scale, offset, fused)
 
     def _rescale_sums(self, acc: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, fused: bool,
@@ -184,6 +185,8 @@ class Int8DynamicLinear(_Int8WeightLinear):
         if path == "onednn":
             packed = self.derived("onednn", lambda: kernels.onednn_pack(self.weight_codes))
             return kernels.onednn_sums(codes, packed, self.out_features)
+        if path == "native":
+            return self._native_sums(codes)
         if path == "fbgemm_pairs" and self.in_features <= kernels.PAIRS_MAX_K:
             return kernels.fbgemm_pairs(codes.float(), self._packed_unit())
         return self._float_sums(codes)
@@ -192,7 +195,9 @@ class Int8DynamicLinear(_Int8WeightLinear):
         if path == "fbgemm":
             return kernels.fbgemm_dynamic_linear(rows, self._packed_with_bias())
         codes, scale, zero_point = self._tensor_codes(rows)
-        if path in ("int_mm", "compiled"):
+        if path == "native":
+            acc = self._native_sums(codes, zero_point)
+        elif path in ("int_mm", "compiled"):
             zero = torch.zeros((), dtype=torch.int32, device=rows.device)
             acc = accumulate_int_mm(codes, zero_point, self.weight_codes, zero)
         else:  # float_codes

@@ -22,6 +22,7 @@ from lowbit import backend
 from lowbit.errors import ConfigError, FormatError
 from lowbit.native import ensure as native_ensure
 from lowbit.native import error as native_error
+from lowbit.native import gemm as native_gemm
 from lowbit.native import linear as native_linear
 from lowbit.ops import kernels, routes
 from lowbit.ops._state import DerivedStateMixin
@@ -250,6 +251,24 @@ class _Int8WeightLinear(RealQuantLinear):
         dtype = torch.float32 if self.weight_codes.device.type == "cpu" else torch.float64
         return self.derived("float_weight_t", lambda: self.weight_codes.t().to(dtype).contiguous())
 
+    def _native_sums(self, codes: torch.Tensor, zero_point: torch.Tensor | None = None) -> torch.Tensor:
+        """Exact int32 sums of 8-bit codes [M, K] (minus ``zero_point``) times the weight codes by lowbit's own
+        kernel (``lowbit.native.gemm``: int16 pairs into int32, no saturation on any CPU), on a weight packed
+        once; the same integers as every other route. A forced "native" path builds the library if need be."""
+        if codes.device.type != "cpu":
+            return self._float_sums(codes, zero_point, 255 if codes.dtype == torch.uint8 else 128)
+        if native_ensure() is None:
+            raise ConfigError(f"{type(self).__name__}.path='native': the native kernels are not available "
+                              f"({native_error() or 'LOWBIT_NATIVE=0'})")  # fmt: skip
+        packed = self.derived("native_int8", lambda: native_gemm.pack(self.weight_codes))
+        acc = None if packed is None else native_gemm.sums(codes.contiguous(), packed)
+        if acc is None:
+            return self._float_sums(codes, zero_point, 255 if codes.dtype == torch.uint8 else 128)
+        if zero_point is not None:
+            code_sums = self.derived("code_sums", lambda: self.weight_codes.sum(1, dtype=torch.int32))
+            acc.sub_(code_sums * zero_point.to(torch.int32))
+        return acc
+
     def _float_sums(self, codes: torch.Tensor, zero_point: torch.Tensor | None = None, max_code: int = 127) -> torch.Tensor:
         """Exact int32 sums of integer codes [M, K] (minus ``zero_point``) times the weight codes, through float
         matmuls (:func:`kernels.float_codes_mm`): the route for machines without fast integer kernels."""
@@ -269,7 +288,7 @@ class W8A8StaticLinear(_Int8WeightLinear):
     its 8-bit sums are exact; the kernel quantizes x as round(fma(x, 1 / s, zero_point)), so about one code in
     10^5 differs by one step from the reference's round(x * (1 / s)) + zero_point)."""
 
-    paths = ("auto", "reference", "fbgemm", "int_mm", "float_codes")
+    paths = ("auto", "reference", "fbgemm", "int_mm", "float_codes", "native")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, act_signed: bool = False) -> None:
         super().__init__(in_features, out_features, bias)
@@ -301,12 +320,15 @@ class W8A8StaticLinear(_Int8WeightLinear):
         return real.float() if self.bias is None else (real + self.bias.double()).float()
 
     def choose_path(self, rows: torch.Tensor) -> str:
-        return routes.w8a8_static(rows.device, rows.shape[0], self.in_features, self.out_features)
+        return routes.w8a8_static(rows.device, rows.shape[0], self.in_features, self.out_features,
+                                  native=backend.native_ready())
 
     def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
-        if path in ("int_mm", "float_codes"):
+        if path in ("int_mm", "float_codes", "native"):
             codes = self._codes(rows)
-            if path == "int_mm":
+            if path == "native":
+                acc = self._native_sums(codes, self.input_zero_point)
+            elif path == "int_mm":
                 zero = torch.zeros((), dtype=torch.int32, device=rows.device)
                 acc = accumulate_int_mm(codes, self.input_zero_point, self.weight_codes, zero)
             else:

@@ -87,15 +87,44 @@ def int_mm_fits(device: torch.device, rows: int, k: int, n: int) -> bool:
     return device.type != "cuda" or (rows > 16 and k % 8 == 0 and n % 8 == 0)
 
 
+def native_fits(device: torch.device, native: bool) -> bool:
+    """lowbit's own exact int8 kernel (``lowbit.native.gemm``) can run: the library is loaded (``native``) and
+    the tensors are on the CPU. Where fbgemm and oneDNN saturate (no VNNI) it is the fastest exact route: one
+    pass of int16 pairs (``vpmaddwd``), against two fbgemm calls for ``fbgemm_pairs`` and a float32 matmul
+    plus conversions for ``float_codes`` (Zen 3, MiniLM's block: 1.1x fp32 against 2.2x and 1.75x)."""
+    return native and device.type == "cpu"
+
+
+def int8_linear_problem(device: torch.device, native: bool) -> str | None:
+    """One line saying that no exact int8 Linear route is faster than float32 on ``device`` (the recipes put
+    it in their info and the CLI prints it), or None where one is: fbgemm's exact 8-bit kernel (VNNI), a fast
+    ``torch._int_mm`` (oneDNN with VNNI / AMX, CUDA), or lowbit's native kernel measured faster than a float32
+    Linear (probe ``native_int8_fast``)."""
+    if device.type != "cpu":
+        return None if capabilities.probe("int_mm_fast", device) else f"int8 runs on exact float routes on {device}"
+    if capabilities.probe("fbgemm_exact", device) or capabilities.probe("int_mm_fast", device):
+        return None
+    if native and capabilities.probe("native_int8_fast", device):
+        return None
+    machine = capabilities.machine(device)
+    kernel = "lowbit's native int8 kernel" if native else "the exact int8 routes (no native library loaded)"
+    return (f"int8 Linear layers run slower than float32 on this machine ({machine.name}, class "
+            f"{machine.cpu_class}: fbgemm and oneDNN saturate without VNNI; {kernel} measured slower than a "
+            f"float32 Linear); act_bits=7 takes one exact fbgemm call")
+
+
 def int8_dynamic(device: torch.device, rows: int, k: int, n: int, *, token: bool = True, act_bits: int = 8,
-                 compile_allowed: bool = False) -> str:  # fmt: skip
-    """The path of ``Int8DynamicLinear`` for ``rows`` x K -> N on ``device``."""
+                 compile_allowed: bool = False, native: bool = False) -> str:  # fmt: skip
+    """The path of ``Int8DynamicLinear`` for ``rows`` x K -> N on ``device`` (``native``: lowbit's native
+    library is loaded)."""
     if device.type != "cpu":
         return "int_mm" if int_mm_fits(device, rows, k, n) else "float_codes"
     if not token:
         if capabilities.probe("fbgemm_exact", device):
             return "fbgemm"
-        return "int_mm" if int_mm_fits(device, rows, k, n) else "float_codes"
+        if int_mm_fits(device, rows, k, n):
+            return "int_mm"
+        return "native" if native_fits(device, native) else "float_codes"
     fast_int_mm = int_mm_fits(device, rows, k, n)
     if rows >= COMPILED_MIN_ROWS and fast_int_mm:
         if capabilities.probe("onednn_linear_fast", device):  # measured faster (expected with AMX tiles)
@@ -105,6 +134,8 @@ def int8_dynamic(device: torch.device, rows: int, k: int, n: int, *, token: bool
         return "fbgemm"
     if fast_int_mm:
         return "int_mm"
+    if native_fits(device, native):
+        return "native"
     return "fbgemm_pairs" if pairs_fit(device, k) else "float_codes"
 
 
@@ -112,11 +143,13 @@ def pairs_fit(device: torch.device, k: int) -> bool:
     return device.type == "cpu" and k <= PAIRS_MAX_K and capabilities.probe("fbgemm_half_exact", device)
 
 
-def w8a8_static(device: torch.device, rows: int, k: int, n: int) -> str:
+def w8a8_static(device: torch.device, rows: int, k: int, n: int, native: bool = False) -> str:
     """The path of ``W8A8StaticLinear`` (full 8-bit calibrated codes)."""
     if device.type == "cpu" and capabilities.probe("fbgemm_exact", device):
         return "fbgemm"
-    return "int_mm" if int_mm_fits(device, rows, k, n) else "float_codes"
+    if int_mm_fits(device, rows, k, n):
+        return "int_mm"
+    return "native" if native_fits(device, native) else "float_codes"
 
 
 def int8_conv(device: torch.device) -> str:
@@ -125,6 +158,20 @@ def int8_conv(device: torch.device) -> str:
     if device.type == "cpu" and capabilities.probe("onednn_conv_exact", device):
         return "onednn"
     return "int_mm" if capabilities.probe("int_mm_fast", device) else "reference"
+
+
+def int8_conv_problem(device: torch.device) -> str | None:
+    """Why an automatic ``Int8Conv2d`` would be slower than the float convolution it replaces on ``device``
+    (the recipes then keep that layer in float and say so), or None where an exact fast route exists: oneDNN's
+    quantized convolution on CPUs where its sums are exact (VNNI / AMX), ``torch._int_mm`` on CUDA. Without
+    them the convolution runs im2col codes through ``torch._int_mm`` (13-46x fp32 on DigitsCNN shapes with
+    VNNI) or the int64 reference (64x fp32 at 64 -> 128 channels, 56 x 56, on an AVX2 Zen 3)."""
+    path = int8_conv(device)
+    if path == "onednn" or device.type == "cuda":
+        return None
+    machine = capabilities.machine(device)
+    return (f"kept in float: no exact int8 convolution is faster than float32 on this machine ({machine.name}, "
+            f"class {machine.cpu_class}; its int8 convolution would take the {path!r} path)")
 
 
 def weight_only(device: torch.device, rows: int, compute_dtype: torch.dtype, packed_path: str, packed_fits: bool,

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import itertools
+import sys
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +166,10 @@ def _quantize_model(run: TransformRun, args: dict[str, Any]) -> Any:
     large = sum(p.numel() for p in run.module.parameters()) > 5_000_000  # MiniLM: seconds even without data
     with waiting(f"quantize_model: {what}", slow=needs_data(args) or large):
         _, info = lowbit.quantize_model(run.module, recipe, **options)
+    for reason, count in Counter((info.get("kept") or {}).values()).items():  # one line per reason
+        print(f"quantize_model: {count} layer{'s' if count > 1 else ''} {reason}", file=sys.stderr)
+    if info.get("note"):
+        print(f"quantize_model: {info['note']}", file=sys.stderr)
     run.recipe = saved_recipe(args)
     return info
 
