@@ -86,6 +86,7 @@ LOWBIT: dict[str, tuple[Builder, torch.dtype]] = {
     "lowbit int8_dynamic (per token, onednn path)": (_lowbit("int8_dynamic", path="onednn"), torch.float32),
     "lowbit int8_dynamic (per token, fbgemm_pairs path)": (_lowbit("int8_dynamic", path="fbgemm_pairs"), torch.float32),
     "lowbit int8_dynamic (per token, float_codes path)": (_lowbit("int8_dynamic", path="float_codes"), torch.float32),
+    "lowbit int8_dynamic (per token, native path)": (_lowbit("int8_dynamic", path="native"), torch.float32),
     "lowbit int8_weight_only": (_lowbit("int8_weight_only"), torch.float32),
     "lowbit int8_weight_only bf16 compute": (_lowbit("int8_weight_only", compute_dtype="bf16"), torch.float32),
     "lowbit int4_weight_only g32": (_lowbit("int4_weight_only", group_size=32), torch.float32),

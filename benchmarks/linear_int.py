@@ -13,13 +13,18 @@ Usage: python benchmarks/linear_int.py [--sizes 1024 4096] [--batches 1 16 256] 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(__file__))
+from emulate import apply  # noqa: E402
+
+apply()  # --emulate avx2: re-executed with the AVX2 kernels before torch is imported
+
+import argparse  # noqa: E402
+
+import torch  # noqa: E402
+
 from int_peers import variants  # noqa: E402
 from machine import header_line  # noqa: E402
 from timing import cell, interleaved  # noqa: E402
@@ -83,6 +88,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--only", nargs="*", default=None, help="keep variants whose label contains a word")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--emulate", default=None, help="avx2: the kernels of an AVX2 CPU without VNNI (emulate.py)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     native.ensure()  # the default backend's steady state: native kernels loaded

@@ -23,15 +23,20 @@ Usage: HF_HUB_OFFLINE=1 python benchmarks/minilm.py [--corpus pydoc|short] [--ro
 
 from __future__ import annotations
 
-import argparse
-import copy
 import os
-import random
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(__file__))
+from emulate import apply  # noqa: E402
+
+apply()  # --emulate avx2: re-executed with the AVX2 kernels before torch is imported
+
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import random  # noqa: E402
+
+import torch  # noqa: E402
+
 import lowbit  # noqa: E402
 from lowbit import native  # noqa: E402
 from int_peers import linear_weight_bytes, variants  # noqa: E402
@@ -108,6 +113,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--emulate", default=None, help="avx2: the kernels of an AVX2 CPU without VNNI (emulate.py)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     native.ensure()  # the default backend's steady state: native kernels loaded

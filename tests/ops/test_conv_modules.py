@@ -115,7 +115,7 @@ def _model() -> nn.Module:
 def test_save_load_round_trip_and_config_rebuild(recipe, tmp_path):
     x = torch.randn(5, 3, 8, 8)
     options = {"calibration_data": [torch.randn(4, 3, 8, 8) for _ in range(3)]} if recipe == "w8a8_static" else {}
-    model, info = lowbit.quantize_model(_model(), recipe, **options)
+    model, info = lowbit.quantize_model(_model(), recipe, include_conv=True, **options)  # on every machine
     assert info["counts"]["Int8Conv2d"] == 2
     lowbit.save(model, tmp_path / "conv.safetensors")
     loaded = lowbit.load(tmp_path / "conv.safetensors", _model())
@@ -136,17 +136,44 @@ def test_quantize_model_conv_options():
     assert info["counts"] == {"Int8DynamicLinear": 1} and type(model[0]) is nn.Conv2d
     reflect = _model()
     reflect[0] = nn.Conv2d(3, 8, 3, padding=1, padding_mode="reflect")
-    model, info = lowbit.quantize_model(reflect, "int8_dynamic")
+    model, info = lowbit.quantize_model(reflect, "int8_dynamic", include_conv=True)
     assert type(model[0]) is nn.Conv2d and "padding_mode='reflect'" in info["kept"]["0"]
-    model, _ = lowbit.quantize_model(_model(), "int8_dynamic", conv_channels_last=True)
+    model, _ = lowbit.quantize_model(_model(), "int8_dynamic", conv_channels_last=True, include_conv=True)
     assert model[0].channels_last and model(torch.randn(2, 3, 8, 8)).shape == (2, 4)
     with pytest.raises(ConfigError, match="unknown option.*include_conv"):
         lowbit.quantize_model(_model(), "int4_weight_only", group_size=8, include_conv=True)
     with pytest.raises(ConfigError, match="include_conv=False"):
         state = lowbit.ptq.calibrate(_model(), [torch.randn(2, 3, 8, 8)], ops=("linear",))
-        lowbit.quantize_model(_model(), "w8a8_static", calibration=state)
+        lowbit.quantize_model(_model(), "w8a8_static", calibration=state, include_conv=True)
     with pytest.raises(ConfigError, match="no nn.Linear or nn.Conv2d"):
         lowbit.quantize_model(_model(), "int8_dynamic", skip=[".*"])
+    with pytest.raises(ConfigError, match="include_conv='yes' must be true, false or"):
+        lowbit.quantize_model(_model(), "int8_dynamic", include_conv="yes")
+
+
+@pytest.mark.parametrize("recipe", ["int8_dynamic", "w8a8_static"])
+def test_auto_keeps_convolutions_float_where_no_exact_int8_route_beats_float32(recipe):
+    """include_conv="auto" (the default) decides per machine: oneDNN's exact convolution (VNNI / AMX) takes
+    them; on an AVX2 CPU without VNNI they stay nn.Conv2d and info["kept"] says why (the reference path
+    measured 64x fp32 there); True forces Int8Conv2d anyway."""
+    options = {"calibration_data": [torch.randn(4, 3, 8, 8)]} if recipe == "w8a8_static" else {}
+    with capabilities.injected("avx2"):
+        model, info = lowbit.quantize_model(_model(), recipe, **options)
+        assert type(model[0]) is nn.Conv2d and type(model[2]) is nn.Conv2d
+        assert set(info["kept"]) == {"0", "2"} and "no exact int8 convolution is faster" in info["kept"]["0"]
+        assert "class avx2" in info["kept"]["0"] and len(info["counts"]) == 1  # the Linear is converted
+        forced, info = lowbit.quantize_model(_model(), recipe, include_conv=True, **options)
+        assert info["counts"]["Int8Conv2d"] == 2 and "kept" not in info
+    with capabilities.injected("avx512_vnni"):
+        model, info = lowbit.quantize_model(_model(), recipe, **options)
+        assert info["counts"]["Int8Conv2d"] == 2 and "kept" not in info
+
+
+def test_only_convolutions_kept_gives_a_model_not_an_error():
+    only_conv = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    with capabilities.injected("avx2"):
+        model, info = lowbit.quantize_model(only_conv, "int8_dynamic")
+    assert info["quantized"] == {} and type(model[0]) is nn.Conv2d and "0" in info["kept"]
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -217,7 +244,7 @@ def _accuracy(model, data) -> float:
 def test_digits_cnn_within_half_a_point(digits_cnn, recipe):
     model, test_data, calibration = digits_cnn
     options = {"calibration_data": calibration} if recipe == "w8a8_static" else {}
-    quantized, info = lowbit.quantize_model(copy.deepcopy(model), recipe, **options)
+    quantized, info = lowbit.quantize_model(copy.deepcopy(model), recipe, include_conv=True, **options)
     assert info["counts"]["Int8Conv2d"] == 2
     fp32, int8 = _accuracy(model, test_data), _accuracy(quantized, test_data)
     assert fp32 >= 94.0 and abs(fp32 - int8) <= 0.5, (fp32, int8)

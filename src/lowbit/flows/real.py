@@ -41,23 +41,25 @@ def _int8_weight():
     return resolve("affine", bits=8, symmetric=True, axis=0)
 
 
-def real_targets(root: nn.Module, recipe: Recipe, conv: bool) -> tuple[dict[str, nn.Module], dict[str, str]]:
-    """(name -> plain nn.Linear / nn.Conv2d to swap, name -> why a convolution stays float)."""
+def real_targets(root: nn.Module, recipe: Recipe, conv: bool | str) -> tuple[dict[str, nn.Module], dict[str, str]]:
+    """(name -> plain nn.Linear / nn.Conv2d to swap, name -> why a convolution stays float). ``conv``: the
+    recipe's include_conv ("auto": only where an exact int8 convolution beats float32 on its device)."""
     from lowbit.ops.conv_modules import conv_problem
     from lowbit.ops.routes import int8_conv_problem
 
-    kinds = (nn.Linear, nn.Conv2d) if conv else (nn.Linear,)
+    kinds = (nn.Linear, nn.Conv2d) if conv is not False else (nn.Linear,)
     targets, kept = {}, {}
     for name, module in select_modules(root, kinds, recipe.skip).items():
         problem = None
         if isinstance(module, nn.Conv2d):
-            problem = conv_problem(module) or int8_conv_problem(module.weight.device)
+            problem = conv_problem(module) or (int8_conv_problem(module.weight.device) if conv == "auto" else None)
         if problem is None:
             targets[name] = module
         else:
             kept[name] = problem
     if not targets and not kept:
-        raise ConfigError(f"the model has no nn.Linear{' or nn.Conv2d' if conv else ''} layer to quantize (after skip)")
+        raise ConfigError(f"the model has no nn.Linear{' or nn.Conv2d' if conv is not False else ''} layer to quantize "
+                          "(after skip)")
     return targets, kept
 
 

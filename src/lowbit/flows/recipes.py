@@ -63,6 +63,15 @@ class Recipe:
         return out
 
 
+def conv_option(recipe: str, value: Any) -> None:
+    """``include_conv``: "auto" (the default) swaps each nn.Conv2d for Int8Conv2d where an exact int8
+    convolution faster than float32 runs on its device and keeps it in float, with the reason in
+    ``info["kept"]``, elsewhere; True swaps every one (the exact reference path where nothing faster runs);
+    False none."""
+    if value != "auto" and not isinstance(value, bool):
+        raise ConfigError(f"{recipe}: include_conv={value!r} must be true, false or \"auto\"")
+
+
 def _flag(recipe: str, field: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise ConfigError(f"{recipe}: {field}={value!r} must be true or false")
@@ -87,14 +96,14 @@ class Int8Dynamic(Recipe):
     act_symmetric: bool = True
     act_granularity: str = "token"
     act_bits: int = 8
-    include_conv: bool = True
+    include_conv: bool | str = "auto"  # see conv_option
     conv_channels_last: bool = False
 
     def check(self) -> None:
         _flag(self.name, "act_symmetric", self.act_symmetric)
         _choice(self.name, "act_granularity", self.act_granularity, ("token", "tensor"))
         _choice(self.name, "act_bits", self.act_bits, (8, 7))
-        _flag(self.name, "include_conv", self.include_conv)
+        conv_option(self.name, self.include_conv)
         _flag(self.name, "conv_channels_last", self.conv_channels_last)
 
 
@@ -150,13 +159,13 @@ class W8A8Static(Recipe):
     ``lowbit.ptq.calibrate`` or ``calibration_data`` batches, calibrated here with min-max)."""
 
     name: ClassVar[str] = "w8a8_static"
-    include_conv: bool = True
+    include_conv: bool | str = "auto"  # see conv_option
     conv_channels_last: bool = False
     calibration: Any = None
     calibration_data: Any = None
 
     def check(self) -> None:
-        _flag(self.name, "include_conv", self.include_conv)
+        conv_option(self.name, self.include_conv)
         _flag(self.name, "conv_channels_last", self.conv_channels_last)
         if self.calibration is None and self.calibration_data is None:
             raise ConfigError(f"{self.name} needs calibration= (lowbit.ptq.calibrate(...)) or calibration_data=")

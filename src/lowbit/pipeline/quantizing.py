@@ -32,14 +32,15 @@ DEFAULT_BATCHES = 8
 
 # Options of each real recipe and the type each must have (checked before any work).
 _BOOL, _INT, _NUMBER, _TEXT, _LIST = "true or false", "an integer", "a number", "a string", "a list of strings"
+_BOOL_OR_AUTO = 'true, false or "auto"'
 RECIPE_OPTIONS: dict[str, dict[str, str]] = {
-    "int8_dynamic": {"act_symmetric": _BOOL, "act_granularity": _TEXT, "act_bits": _INT, "include_conv": _BOOL,
+    "int8_dynamic": {"act_symmetric": _BOOL, "act_granularity": _TEXT, "act_bits": _INT, "include_conv": _BOOL_OR_AUTO,
                      "conv_channels_last": _BOOL, "skip": _LIST},
     "int8_weight_only": {"compute_dtype": _TEXT, "skip": _LIST},
     "int4_weight_only": {"group_size": _INT, "scale_dtype": _TEXT, "search": _BOOL, "compute_dtype": _TEXT,
                          "method": _TEXT, "damping": _NUMBER, "block_size": _INT, "act_order": _BOOL,
                          "mask_padding": _BOOL, "skip": _LIST},
-    "w8a8_static": {"include_conv": _BOOL, "conv_channels_last": _BOOL, "skip": _LIST},
+    "w8a8_static": {"include_conv": _BOOL_OR_AUTO, "conv_channels_last": _BOOL, "skip": _LIST},
 }  # fmt: skip
 
 
@@ -107,6 +108,7 @@ def _check_batches(value: Any, where: str) -> None:
 def _check_type(where: str, key: str, value: Any, kind: str) -> None:
     ok = {
         _BOOL: lambda v: isinstance(v, bool),
+        _BOOL_OR_AUTO: lambda v: isinstance(v, bool) or v == "auto",
         _INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
         _NUMBER: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
         _TEXT: lambda v: isinstance(v, str) or v is None,
