@@ -113,15 +113,19 @@ def test_codes_cache_steps_equal_full_forward_and_hold_codes(float_llama, tokens
     stepped = _step_logits(model, tokens, prefill=6, cache=cache)
     torch.testing.assert_close(stepped, _full_logits(model, tokens), atol=TOLERANCE, rtol=0)
     layer = cache.layers[0]
-    assert len(layer.key_chunks) == 1 + 4 and layer.key_chunks[0].codes.dtype in (torch.int8, torch.uint8)
+    assert len(layer.key_chunks) == 1 and layer.key_chunks[0].codes.dtype in (torch.int8, torch.uint8)  # joined
+    assert layer.key_chunks[0].shape == (2, 2, tokens.shape[1], 64)
     memory = cache.memory()
     batch, kv_heads, head_dim, layers = 2, 2, 64, 2
     elements = 2 * layers * batch * kv_heads * tokens.shape[1] * head_dim  # keys and values
     assert memory["float32_bytes"] == 4 * elements and memory["tokens"] == tokens.shape[1]
-    per_token = {None: head_dim, "f16": head_dim + 2}.get(None if params is None else params.get("scale_dtype"))
-    if params is not None and params["bits"] == 4:  # packed nibbles, one f32 scale and one int8 zero point per 16
-        per_token = head_dim // 2 + (head_dim // 16) * 5
-    assert memory["bytes"] == elements // head_dim * per_token
+    if params is None:  # e4m3: one byte per element, no scale
+        held = packed = head_dim
+    elif params["bits"] == 8:  # int8 codes and one f16 scale per token
+        held = packed = head_dim + 2
+    else:  # 4-bit codes (a byte each held, two per byte packed), one f32 scale and one int8 zero point per 16
+        held, packed = head_dim + (head_dim // 16) * 5, head_dim // 2 + (head_dim // 16) * 5
+    assert (memory["bytes"], memory["packed_bytes"]) == (elements // head_dim * held, elements // head_dim * packed)
     if params is INT8_F16:
         assert memory["ratio"] <= 0.26
 
