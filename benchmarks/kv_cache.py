@@ -10,8 +10,10 @@ once. Perplexity: ``--windows`` non-overlapping windows of ``--window`` tokens f
 start of that token stream, one forward each (no cache: every token's keys and values are quantized as the
 recipe says, the same a cached generation step would see for formats that quantize each token on its own),
 exp of the mean next-token negative log-likelihood over all windows (window - 1 predictions each).
-Then a greedy generation with ``lowbit.flows.quantized_cache`` (keys and values stored as codes) checks it picks
-the same tokens as the same model with transformers' float cache and reports the cache's bytes against float32.
+Then a greedy generation (a 32-token prompt from the first window, ``--new-tokens`` more) with
+``lowbit.flows.quantized_cache`` (keys and values stored as codes) checks it picks the same tokens as the same
+model with transformers' float cache, and reports the cache's bytes against float32: held in memory (codes one
+per byte) and packed (sub-byte codes packed, as lowbit.save writes them).
 
 Usage: python benchmarks/kv_cache.py [--windows 8] [--window 512] [--threads N] [--only NAME ...]
 """
@@ -129,8 +131,8 @@ def main() -> None:
     rows = {name: options for name, options in ROWS.items()
             if options is None or not args.only or any(word in name for word in args.only)}  # fmt: skip
     print(f"SmolLM2-135M-Instruct (GGUF Q4_1 -> float32), {args.windows} x {args.window} tokens of gensim's enwiki "
-          f"test dump, {torch.get_num_threads()} threads")  # fmt: skip
-    print("| KV cache | perplexity | vs fp32 | codes cache bytes / fp32 | greedy tokens = float cache |")
+          f"test dump, {torch.get_num_threads()} threads", flush=True)  # fmt: skip
+    print("| KV cache | perplexity | vs fp32 | codes cache bytes / float32 | greedy tokens = float cache |")
     print("|---|---:|---:|---:|---|")
     base = None
     for name, options in rows.items():
@@ -141,7 +143,8 @@ def main() -> None:
         bytes_cell, same_cell = "", ""
         if name in GENERATION_ROWS:
             same, memory = generation_check(model, batches[0, :32][None], args.new_tokens)
-            bytes_cell, same_cell = f"{memory['ratio']:.4f} ({memory['bytes']} B)", "yes" if same else "NO"
+            bytes_cell = f"{memory['ratio']:.4f} held, {memory['packed_ratio']:.4f} packed"
+            same_cell = "yes" if same else "NO"
         change = f"{100 * (value / base - 1):+.2f} %" if options is not None else ""
         print(f"| {name} | {value:.4f} | {change} | {bytes_cell} | {same_cell} |  <!-- {time.perf_counter() - start:.0f} s -->",
               flush=True)  # fmt: skip
