@@ -211,6 +211,29 @@ def test_qwen2_takes_the_same_hook(tokens):
                                atol=TOLERANCE, rtol=0)  # fmt: skip
 
 
+def test_gemma3_sliding_window_layers_take_the_same_hook(tokens):
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                           max_position_embeddings=64, sliding_window=4,
+                                           layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+    float_model = transformers.Gemma3ForCausalLM(config).eval().double()
+    model, info = _quantized(float_model, format="affine", params={"bits": 4, "block_size": [-1]})
+    assert list(info["quantized"].values())[0].startswith("Gemma3Attention: key=affine(bits=4")
+    full = _full_logits(model, tokens)
+    assert not torch.allclose(full, _full_logits(float_model, tokens))
+    torch.testing.assert_close(_step_logits(model, tokens, 6), full, atol=TOLERANCE, rtol=0)
+    with pytest.raises(ConfigError, match="sliding-window layer"):
+        lowbit.flows.quantized_cache(model)
+
+
+def test_a_quantized_attention_model_is_not_saved_half(float_llama, tmp_path):
+    model, _ = _quantized(float_llama, format="e4m3")
+    with pytest.raises(lowbit.LowbitError, match="AttentionQuantizer"):
+        lowbit.save(model, tmp_path / "model")
+    assert not (tmp_path / "model").exists()
+
+
 def test_recipe_round_trips_through_its_table():
     recipe = lowbit.flows.make_recipe("kv_cache", format="affine", params={"bits": 4}, roles=["key"])
     table = recipe.to_dict()
