@@ -201,7 +201,8 @@ def test_eager_implementation_and_switching_after_quantization(float_llama, toke
 def test_qwen2_takes_the_same_hook(tokens):
     torch.manual_seed(0)
     config = transformers.Qwen2Config(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64)  # fmt: skip
     float_model = transformers.Qwen2ForCausalLM(config).eval().double()
     model, info = _quantized(float_model, format="affine", params={"bits": 4, "block_size": [16]})
     assert info["counts"] == {"attention": 2}

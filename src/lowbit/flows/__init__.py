@@ -87,5 +87,5 @@ def describe(model: nn.Module) -> dict[str, str]:
 
 
 __all__ = ["RECIPES", "REAL_RECIPES", "FormatRecipe", "Int4WeightOnly", "Int8Dynamic", "Int8WeightOnly", "KVCache",
-           "PassArgs", "Recipe", "W8A8Static", "describe", "make_recipe", "quantize_", "quantize_model", "quantized_cache",
-           "recipe_from_dict"]  # fmt: skip
+           "PassArgs", "Recipe", "W8A8Static", "describe", "make_recipe", "quantize_", "quantize_model",
+           "quantized_cache", "recipe_from_dict"]  # fmt: skip

@@ -148,7 +148,8 @@ class QuantizedKVCache(Cache):
                 held, packed, float32 = held + layer_held, packed + layer_packed, float32 + layer.float32_bytes()
             elif layer.is_initialized and layer.keys is not None:
                 size = _tensor_bytes(layer.keys) + _tensor_bytes(layer.values)
-                held, packed, float32 = held + size, packed + size, float32 + 4 * (layer.keys.numel() + layer.values.numel())
+                held, packed = held + size, packed + size
+                float32 += 4 * (layer.keys.numel() + layer.values.numel())
         ratio = (lambda value: value / float32 if float32 else 0.0)  # noqa: E731
         return {"bytes": held, "packed_bytes": packed, "float32_bytes": float32, "ratio": ratio(held),
                 "packed_ratio": ratio(packed), "tokens": self.get_seq_length()}  # fmt: skip

@@ -85,8 +85,8 @@ def quantize_kv_cache(root: nn.Module, recipe: KVCache) -> dict[str, Any]:
     """Install the recipe's attention formats on every attention layer of ``root`` (in place); the info dict."""
     targets = attention_modules(root, recipe.skip)
     if not targets:
-        raise ConfigError("kv_cache: the model has no Hugging Face attention layer to quantize (after skip): it "
-                          "needs attention modules whose forward calls transformers' ALL_ATTENTION_FUNCTIONS")  # fmt: skip
+        raise ConfigError("kv_cache: the model has no Hugging Face attention layer to quantize (after skip): it needs "
+                          "attention modules whose forward calls transformers' ALL_ATTENTION_FUNCTIONS")  # fmt: skip
     spec = recipe.spec()
     formats = AttentionFormats(**dict.fromkeys(recipe.roles, spec), key_per_channel=recipe.key_per_channel)
     _register()
@@ -99,7 +99,8 @@ def quantize_kv_cache(root: nn.Module, recipe: KVCache) -> dict[str, Any]:
             module.config = AttentionConfigView(module.config)
         quantized[name] = f"{type(module).__name__}: {formats.describe()}"
         attention[name] = "lowbit eager (probabilities quantized)" if formats.probabilities is not None else inner
-    return {"recipe": recipe.name, "quantized": quantized, "attention": attention, "counts": {"attention": len(quantized)},
+    return {"recipe": recipe.name, "quantized": quantized, "attention": attention,
+            "counts": {"attention": len(quantized)},
             "hook": f"transformers AttentionInterface {ATTENTION_NAME!r} on each layer's config view"}  # fmt: skip
 
 
@@ -206,10 +207,11 @@ def _check_storable(name: str, module: nn.Module, formats: AttentionFormats) -> 
     if getattr(module, "sliding_window", None) or getattr(module, "is_sliding", False):
         raise ConfigError(f"quantized_cache: {name} is a sliding-window layer; the codes cache keeps full layers only")
     if formats.key_per_channel and formats.key is not None:
-        raise ConfigError(f"quantized_cache: {name} quantizes keys per channel (across tokens): codes stored token by "
-                          "token cannot reproduce it; use the float cache (simulated) or key_per_channel=False")  # fmt: skip
+        raise ConfigError(f"quantized_cache: {name} quantizes keys per channel (across tokens): codes stored token "
+                          "by token cannot reproduce it; use the float cache (simulated) or key_per_channel=False")  # fmt: skip
     for role in ("key", "value"):
         spec = getattr(formats, role)
         if not stores_per_token(spec):
-            raise ConfigError(f"quantized_cache: the {role} format {spec.describe()} shares scales across tokens (or "
-                              "rounds stochastically); give it block_size=[-1] (per token) or blocks along head_dim")  # fmt: skip
+            raise ConfigError(f"quantized_cache: the {role} format {spec.describe()} shares scales across tokens "
+                              "(or rounds stochastically); give it block_size=[-1] (per token) or blocks along "
+                              "head_dim")  # fmt: skip

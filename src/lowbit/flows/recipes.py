@@ -286,7 +286,8 @@ def make_recipe(config: Any, **options: Any) -> Recipe:
         return FormatRecipe(format=config, **_known(FormatRecipe, options))
     names = [*REAL_RECIPES, KVCache.name, *list_formats()]
     raise ConfigError(f"unknown recipe or format {config!r}{did_you_mean(config, names)}; recipes: "
-                      f"{', '.join((*REAL_RECIPES, KVCache.name))}, or any format name (lowbit.list_formats())")  # fmt: skip
+                      f"{', '.join((*REAL_RECIPES, KVCache.name))}, or any format name "
+                      "(lowbit.list_formats())")  # fmt: skip
 
 
 def _known(cls: type[Recipe], options: dict[str, Any]) -> dict[str, Any]:
