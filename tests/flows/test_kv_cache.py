@@ -163,6 +163,9 @@ def test_info_and_describe_name_every_layer(float_llama):
     assert set(lowbit.flows.describe(model)) == {f"{name}.attention_quantizer" for name in names}
     skipped, info = _quantized(float_llama, format="e4m3", skip=[r"model\.layers\.0\.self_attn"])
     assert list(info["quantized"]) == names[1:]
+    copied = copy.deepcopy(model)  # a copy of a quantized model is quantized, on its own config
+    assert copied.model.layers[1].self_attn.config._config is copied.config
+    assert lowbit.flows.describe(copied) == lowbit.flows.describe(model)
 
 
 def test_every_role_matches_a_hand_written_attention(float_llama, tokens):
