@@ -2,7 +2,8 @@
 
 ``lowbit.quantize_(model, config, **options)`` quantizes ``model`` in place and returns it (torchao's
 convention). ``config`` is a typed recipe (:mod:`lowbit.flows.recipes`), a recipe name (``"int8_dynamic"``,
-``"int8_weight_only"``, ``"int4_weight_only"``, ``"w8a8_static"``), any format name (``"mxfp4_e2m1"``: that
+``"int8_weight_only"``, ``"int4_weight_only"``, ``"w8a8_static"``, ``"kv_cache"``: the attention operands of
+Hugging Face decoders), any format name (``"mxfp4_e2m1"``: that
 format simulated for every role of every Linear / Conv), a ``{"recipe": ...}`` table, or MASE pass_args.
 ``lowbit.quantize_model`` is the same door returning ``(model, info)``.
 
@@ -24,6 +25,7 @@ from lowbit.flows.recipes import (
     Int4WeightOnly,
     Int8Dynamic,
     Int8WeightOnly,
+    KVCache,
     PassArgs,
     Recipe,
     W8A8Static,
@@ -44,7 +46,19 @@ def quantize_model(model: Any, config: Any, **options: Any) -> tuple[Any, dict[s
     root = root_module(model)
     if isinstance(recipe, FormatRecipe):
         return model, simulated.quantize_format(root, recipe)
+    if isinstance(recipe, KVCache):
+        from lowbit.flows.kv_cache import quantize_kv_cache
+
+        return model, quantize_kv_cache(root, recipe)
     return model, real.quantize_real(root, recipe)
+
+
+def quantized_cache(model: Any) -> Any:
+    """A transformers Cache storing the keys and values of a ``kv_cache``-quantized model as lowbit codes
+    (``model.generate(..., cache=lowbit.flows.quantized_cache(model))``; ``.memory()``: its bytes)."""
+    from lowbit.flows.kv_cache import quantized_cache as build
+
+    return build(model)
 
 
 def quantize_(model: Any, config: Any, **options: Any) -> Any:
@@ -56,6 +70,7 @@ def quantize_(model: Any, config: Any, **options: Any) -> Any:
 
 def describe(model: nn.Module) -> dict[str, str]:
     """Qualified name -> what each quantized layer computes (simulated formats or the real module's path)."""
+    from lowbit.nn.attention import AttentionQuantizer
     from lowbit.nn.modules import QuantModule
     from lowbit.ops import REAL_MODULES
 
@@ -66,8 +81,11 @@ def describe(model: nn.Module) -> dict[str, str]:
             out[name] = f"simulated {module.formats.describe()}"
         elif isinstance(module, real_classes):
             out[name] = f"real {type(module).__name__}"
+        elif isinstance(module, AttentionQuantizer):
+            out[name] = f"simulated attention {module.formats.describe()}"
     return out
 
 
-__all__ = ["RECIPES", "REAL_RECIPES", "FormatRecipe", "Int4WeightOnly", "Int8Dynamic", "Int8WeightOnly", "PassArgs",
-           "Recipe", "W8A8Static", "describe", "make_recipe", "quantize_", "quantize_model", "recipe_from_dict"]  # fmt: skip
+__all__ = ["RECIPES", "REAL_RECIPES", "FormatRecipe", "Int4WeightOnly", "Int8Dynamic", "Int8WeightOnly", "KVCache",
+           "PassArgs", "Recipe", "W8A8Static", "describe", "make_recipe", "quantize_", "quantize_model",
+           "quantized_cache", "recipe_from_dict"]  # fmt: skip

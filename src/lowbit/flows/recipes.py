@@ -6,6 +6,9 @@ serialised); its handler (``flows.real``, ``flows.simulated``) does the work. ``
 a saved model's header or a search study. Names: the registry key of each class (``Int8Dynamic.name ==
 "int8_dynamic"``), and any format name (``"mxfp4_e2m1"``) means :class:`FormatRecipe` of that format.
 
+``KVCache`` (``"kv_cache"``) quantizes the attention operands of Hugging Face decoders (keys and values, optionally
+queries and attention probabilities): ``lowbit.flows.kv_cache`` is its handler.
+
 Granularity has one vocabulary everywhere: ``"tensor"``, ``"channel"`` (per output channel of a weight),
 ``"token"`` (per row of an activation: its last dimension is one block) and ``"group"`` (blocks of
 ``group_size`` along the last dimension).
@@ -198,6 +201,55 @@ class FormatRecipe(Recipe):
         return {**super().to_dict(), "params": dict(self.params)}
 
 
+ATTENTION_ROLES = ("query", "key", "value", "probabilities")  # lowbit.nn.attention's roles
+
+
+@dataclasses.dataclass
+class KVCache(Recipe):
+    """Simulated: the keys (after the rotary embedding) and values every attention layer of a Hugging Face
+    decoder stores and attends to, in ``format`` (a name with ``params``, or a spec's dict), in prefill and in
+    each generation step; ``roles`` adds the queries and the attention probabilities (lowbit.nn.attention);
+    ``key_per_channel`` blocks the keys along the tokens of each channel (KIVI) instead of along head_dim."""
+
+    name: ClassVar[str] = "kv_cache"
+    format: Any = None
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    roles: tuple[str, ...] = ("key", "value")
+    key_per_channel: bool = False
+
+    def check(self) -> None:
+        if not isinstance(self.format, (str, dict)) or not self.format:
+            raise ConfigError(f"{self.name}: format={self.format!r} must be a format name or a spec's dict")
+        if not isinstance(self.params, dict):
+            raise ConfigError(f"{self.name}: params={self.params!r} must be a table of format parameters")
+        if isinstance(self.roles, str) or not isinstance(self.roles, (tuple, list)) or not self.roles:
+            raise ConfigError(f"{self.name}: roles={self.roles!r} must be a non-empty list of "
+                              f"{', '.join(ATTENTION_ROLES)}")  # fmt: skip
+        self.roles = tuple(self.roles)
+        for role in self.roles:
+            _choice(self.name, "roles", role, ATTENTION_ROLES)
+        _flag(self.name, "key_per_channel", self.key_per_channel)
+        self.spec()  # the format and its parameters, checked now
+
+    def spec(self):
+        """The format spec every role in ``roles`` takes (ConfigError naming format / params if invalid)."""
+        from lowbit.errors import FormatError
+        from lowbit.formats import resolve
+
+        try:
+            if isinstance(self.format, dict):
+                if self.params:
+                    raise ConfigError(f"{self.name}: give params= or a spec dict as format=, not both")
+                data = dict(self.format)
+                return resolve(data.pop("name", None), **data)
+            return resolve(self.format, **self.params)
+        except FormatError as error:
+            raise ConfigError(f"{self.name}: format={self.format!r} params={self.params!r}: {error}") from error
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "params": dict(self.params)}
+
+
 @dataclasses.dataclass
 class PassArgs(Recipe):
     """MASE-style ``pass_args`` (``{"by": "type", "linear": {"config": {...}}}``); ``real`` converts every
@@ -214,7 +266,7 @@ class PassArgs(Recipe):
 
 
 RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in (Int8Dynamic, Int8WeightOnly, Int4WeightOnly, W8A8Static,
-                                                                FormatRecipe, PassArgs)}  # fmt: skip
+                                                                FormatRecipe, KVCache, PassArgs)}  # fmt: skip
 REAL_RECIPES = ("int8_dynamic", "int8_weight_only", "int4_weight_only", "w8a8_static")
 
 
@@ -241,9 +293,10 @@ def make_recipe(config: Any, **options: Any) -> Recipe:
 
     if config in list_formats():
         return FormatRecipe(format=config, **_known(FormatRecipe, options))
-    names = [*REAL_RECIPES, *list_formats()]
+    names = [*REAL_RECIPES, KVCache.name, *list_formats()]
     raise ConfigError(f"unknown recipe or format {config!r}{did_you_mean(config, names)}; recipes: "
-                      f"{', '.join(REAL_RECIPES)}, or any format name (lowbit.list_formats())")  # fmt: skip
+                      f"{', '.join((*REAL_RECIPES, KVCache.name))}, or any format name "
+                      "(lowbit.list_formats())")  # fmt: skip
 
 
 def _known(cls: type[Recipe], options: dict[str, Any]) -> dict[str, Any]:
