@@ -117,3 +117,19 @@ def test_route_takes_native_where_fbgemm_saturates_and_says_when_int8_is_slower(
         with capabilities.injected(cpu_class):
             assert routes.int8_dynamic(cpu, 16, 384, 1536, native=True) == "fbgemm"
             assert routes.int8_linear_problem(cpu, native=False) is None
+
+
+def test_recipe_info_says_in_one_line_when_int8_is_slower_than_float32():
+    import lowbit
+
+    def model():
+        return torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+
+    with capabilities.injected("avx2", native_int8_fast=False):
+        _, info = lowbit.quantize_model(model(), "int8_dynamic")
+        assert "int8 Linear layers run slower than float32" in info["note"] and "\n" not in info["note"]
+        assert "note" not in lowbit.quantize_model(model(), "int8_dynamic", act_bits=7)[1]  # one exact fbgemm call
+    with capabilities.injected("avx2"):  # the native kernel measured faster
+        assert "note" not in lowbit.quantize_model(model(), "int8_dynamic")[1]
+    with capabilities.injected("avx512_vnni"):
+        assert "note" not in lowbit.quantize_model(model(), "int8_dynamic")[1]

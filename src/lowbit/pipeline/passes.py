@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -154,7 +153,7 @@ def _weight_only(run: TransformRun, args: dict[str, Any]) -> Any:
 
 def _quantize_model(run: TransformRun, args: dict[str, Any]) -> Any:
     import lowbit
-    from lowbit.pipeline.progress import waiting
+    from lowbit.pipeline.progress import note, waiting
     from lowbit.pipeline.quantizing import DEFAULT_BATCHES, needs_data, recipe_call, saved_recipe
 
     recipe, options = recipe_call(args)
@@ -166,10 +165,10 @@ def _quantize_model(run: TransformRun, args: dict[str, Any]) -> Any:
     large = sum(p.numel() for p in run.module.parameters()) > 5_000_000  # MiniLM: seconds even without data
     with waiting(f"quantize_model: {what}", slow=needs_data(args) or large):
         _, info = lowbit.quantize_model(run.module, recipe, **options)
-    for reason, count in Counter((info.get("kept") or {}).values()).items():  # one line per reason
-        print(f"quantize_model: {count} layer{'s' if count > 1 else ''} {reason}", file=sys.stderr)
+    for reason, count in Counter((info.get("kept") or {}).values()).items():  # one line per reason (-q hides them)
+        note(f"quantize_model: {count} layer{'s' if count > 1 else ''} {reason}")
     if info.get("note"):
-        print(f"quantize_model: {info['note']}", file=sys.stderr)
+        note(f"quantize_model: {info['note']}")
     run.recipe = saved_recipe(args)
     return info
 
