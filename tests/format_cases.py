@@ -9,9 +9,9 @@ Each case: (case id, format name, parameters, traits). Traits:
   leaving them bit-identical.
 - "nan_left_out": a per-tensor statistic leaves NaN elements out (not counted as zero, so that the format
   stays idempotent: its output keeps the NaN), so a NaN acts as if the element were absent.
-- "tensor_scale_recomputed": a recipe kept bit for bit from its owner (NVFP4: pts = amax / 2688 re-derived
-  from the quantized maximum and multiplied back in float32) moves a re-quantized value by a few float32
-  ulps at most, instead of leaving it bit-identical.
+- "scale_recomputed": a scale re-derived from the quantized block's maximum by a rule kept bit for bit from
+  its owner (NVFP4's pts = amax / 2688, block FP8's amax / 448) may move a re-quantized value by a few float32
+  ulps, instead of leaving it bit-identical.
 Every registered format must appear here at least once (tests/formats/test_registry_cases.py checks it).
 """
 
@@ -61,6 +61,7 @@ _case("e4m3-given-scale", "e4m3", {"scale": 0.3}, "sign_symmetric", "scalar")
 _case("ternary-given-alpha", "ternary", {"scaling_factor": True, "alpha": 0.75}, "sign_symmetric")
 
 # ---- issue 45: the formats LLMs ship in -----------------------------------------------------------------
-_case("nvfp4", "nvfp4", {}, "sign_symmetric", "tensor_scale_recomputed")
+_case("nvfp4", "nvfp4", {}, "sign_symmetric", "scale_recomputed")
+_case("e4m3-tile-amax", "e4m3", {"block_size": [128, 128], "scale_rule": "amax"}, "sign_symmetric", "scale_recomputed")
 
 CASE_IDS = [case[0] for case in CASES]

@@ -324,10 +324,12 @@ def test_residual_is_nearest_for_any_magnitudes():
     assert spec(t([-0.4], torch.float64)).item() == pytest.approx(-0.4, abs=1e-15)
 
 
-def test_residual_ties_go_up_saturates_and_keeps_nan():
-    spec = BinaryResidual(levels=2)
-    y = spec(t([0.0, -0.0, 10.0, -10.0, INF, -INF, NAN], torch.float64))
-    assert_same(y, t([1 / 3, 1 / 3, 1.0, -1.0, 1.0, -1.0, NAN], torch.float64))
+def test_residual_ties_go_away_from_zero_saturates_and_keeps_nan():
+    spec = BinaryResidual(levels=2)  # values +-1/3, +-1: 0 lies exactly between -1/3 and 1/3
+    y = spec(t([0.0, -0.0, 10.0, -10.0, INF, -INF, NAN, 2 / 3, -2 / 3], torch.float64))
+    third = float(Fraction(1, 3))  # 2/3 in float64 lies below the exact midpoint of the float64 grid values
+    assert_same(y, t([1 / 3, -1 / 3, 1.0, -1.0, 1.0, -1.0, NAN, third, -third], torch.float64))
+    assert_same(BinaryResidual(levels=3)(t([0.5, -0.5])), t([2 / 3, -2 / 3]))  # exact ties: away from zero
 
 
 @pytest.mark.parametrize("shape", RANK_SHAPES + [(0,), (3, 0)], ids=str)
@@ -375,32 +377,56 @@ def test_bits_per_element_counts_the_scales():
     assert Binary(scaling_factor=True, axis=1).bits_per_element((10, 8)) == 1 + 32 * 8 / 80
 
 
-def _around_midpoints(grid: torch.Tensor, steps: int = 3) -> torch.Tensor:
-    """Every value of the grid's dtype within ``steps`` ulps of each (rounded) midpoint of neighbours."""
-    found = []
-    for low, high in zip(grid[:-1].tolist(), grid[1:].tolist()):
-        center = torch.tensor([(low + high) / 2], dtype=grid.dtype)
-        found.append(center)
+def exact_nearest(value: Fraction, negative_zero: bool, exact: list[Fraction]) -> Fraction:
+    """The nearest exact grid value; ties away from zero, a tie at 0 by the sign bit (the independent oracle)."""
+    best = min(abs(v - value) for v in exact)
+    candidates = [v for v in exact if abs(v - value) == best]
+    if len(candidates) == 1:
+        return candidates[0]
+    if value == 0:
+        return min(candidates) if negative_zero else max(candidates)
+    return max(candidates, key=abs)
+
+
+def near_ties(exact: list[Fraction], dtype: torch.dtype, steps: int) -> torch.Tensor:
+    """Every ``dtype`` value within ``steps`` ulps of each exact midpoint of neighbours, both signs, +-0."""
+    found = [torch.tensor([0.0, -0.0], dtype=dtype)]
+    for low, high in zip(exact[:-1], exact[1:]):
+        center = torch.tensor([float((low + high) / 2)], dtype=dtype)
+        around = [center]
         for direction in (math.inf, -math.inf):
             y = center
             for _ in range(steps):
-                y = torch.nextafter(y, torch.tensor([direction], dtype=grid.dtype))
-                found.append(y)
+                y = torch.nextafter(y, torch.tensor([direction], dtype=dtype))
+                around.append(y)
+        found += around + [-v for v in around]
     return torch.cat(found)
 
 
-@pytest.mark.parametrize("levels", range(1, 9))
+RESIDUAL_GRIDS = [{"levels": n} for n in range(1, 9)] + [
+    {"levels": 3, "means": (1.0, 0.8, 0.6)}, {"levels": 4, "means": (0.7, 0.3, 0.2, 0.1)},
+    {"levels": 2, "means": (0.3, 0.1)}, {"levels": 5, "means": (1 / 3, 1 / 5, 1 / 7, 1 / 11, 1 / 13)}]  # fmt: skip
+
+
+@pytest.mark.parametrize("params", RESIDUAL_GRIDS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_residual_decides_exactly_at_midpoints_and_mirrors_negatives(levels, dtype):
-    spec = BinaryResidual(levels=levels)
-    grid = torch.tensor(spec._grids[dtype], dtype=dtype)
-    x = _around_midpoints(grid)
-    exact = [Fraction(v) for v in grid.tolist()]
-    expected = [max(exact, key=lambda v: (-abs(v - Fraction(xv)), v)) for xv in x.tolist()]  # ties toward +inf
-    assert [Fraction(v) for v in spec(x).tolist()] == expected
-    ties = torch.tensor([any(2 * Fraction(xv) == a + b for a, b in zip(exact[:-1], exact[1:])) for xv in x.tolist()])
-    mirrored = spec(-x) == -spec(x)
-    assert bool(mirrored[~ties].all())
+def test_residual_is_nearest_and_sign_symmetric_at_every_near_tie(params, dtype):
+    """0 not-nearest and 0 asymmetric results within 16 ulps of every exact midpoint (issue 45: 29 and 23
+    such inputs over levels 1-8 before), against exact Fractions of the float64 grid values."""
+    spec = BinaryResidual(**params)
+    exact = [Fraction(v) for v in spec.value_set().tolist()]
+    x = near_ties(exact, dtype, steps=16)
+    got = spec(x)
+    expected = [exact_nearest(Fraction(v), math.copysign(1.0, v) < 0, exact) for v in x.tolist()]
+    assert_same(got, torch.tensor([float(v) for v in expected], dtype=torch.float64).to(dtype))
+    assert_same(spec(-x).abs(), got.abs())
+    assert bool((spec(-x) == -got).all())
+
+
+def test_residual_issue_examples():
+    spec = BinaryResidual(levels=3)
+    x = torch.tensor([-0.166666672, 0.166666672], dtype=torch.float32)  # just past -1/6 and 1/6 (float32)
+    assert spec(x).tolist() == [torch.tensor(-1 / 3).item(), torch.tensor(1 / 3).item()]
 
 
 def test_residual_issue_example_levels_3_float32():
