@@ -62,6 +62,9 @@ _case("ternary-given-alpha", "ternary", {"scaling_factor": True, "alpha": 0.75},
 
 # ---- issue 45: the formats LLMs ship in -----------------------------------------------------------------
 _case("nvfp4", "nvfp4", {}, "sign_symmetric", "scale_recomputed")
+_case("nf4", "nf4", {})
+_case("codebook-symmetric", "codebook", {"values": [-3.0, -1.0, -0.25, 0.25, 1.0, 3.0]}, "sign_symmetric", "scalar")
+_case("codebook-scaled", "codebook", {"values": [-1.0, -0.5, 0.0, 0.25, 1.0], "block_size": [1, 32]})
 _case("e4m3-tile-amax", "e4m3", {"block_size": [128, 128], "scale_rule": "amax"}, "sign_symmetric", "scale_recomputed")
 
 CASE_IDS = [case[0] for case in CASES]
