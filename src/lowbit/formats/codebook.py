@@ -63,9 +63,12 @@ class _TableFormat(FormatSpec):
         raise NotImplementedError
 
     def _check_blocks(self) -> None:
+        """Check the block parameters and keep the table's thresholds per compute dtype (Python constants:
+        nothing is computed from the table while quantizing, so compiled kernels trace plain comparisons)."""
+        table, tie = self.table(), _TIES[self.rounding]
+        object.__setattr__(self, "_thresholds", {dtype: thresholds(table, dtype, tie) for dtype in _COMPUTE_DTYPES})
         check_block_size(self)
         check_bool(self, "skip_first_dim")
-        table = self.table()
         if self.block_size is not None and (max(abs(v) for v in table) != 1.0 or 0.0 not in table):
             raise FormatError(
                 f"{self.format_name}: block_size={list(self.block_size)} scales blocks by their absmax, which needs a "
@@ -90,7 +93,7 @@ class _TableFormat(FormatSpec):
     # ---- quantization -------------------------------------------------------------------------------
     def indices(self, t: torch.Tensor) -> torch.Tensor:
         """The table index (int64) of each t's nearest entry (t float32 / float64; NaN: any index)."""
-        return nearest_index(t, thresholds(self.table(), t.dtype, _TIES[self.rounding]))
+        return nearest_index(t, self._thresholds[t.dtype])
 
     def entries(self, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The table values at ``index``, rounded to ``dtype``."""

@@ -56,13 +56,14 @@ class NVFP4Parts(NamedTuple):
     """One tensor in NVFP4, before the scales are multiplied back in (float32, shapes of the padded grid).
 
     ``elements``: E2M1 values [..., blocks, 16] (padding included); ``block_scales``: s8 [..., blocks];
-    ``tensor_scale``: pts (0-d); ``shift``: 0 or -TINY_SHIFT, the power of two the result is multiplied by.
+    ``tensor_scale``: pts (0-d); ``shift``: 0 or -TINY_SHIFT (int32, 0-d), the power of two the result is
+    multiplied by.
     """
 
     elements: torch.Tensor
     block_scales: torch.Tensor
     tensor_scale: torch.Tensor
-    shift: int
+    shift: torch.Tensor
 
 
 def blocked(x: torch.Tensor) -> torch.Tensor:
@@ -84,12 +85,10 @@ def block_scales(blocks: torch.Tensor, pts: torch.Tensor) -> torch.Tensor:
     return ratio.to(torch.float8_e4m3fn).to(torch.float32)
 
 
-def combine(elements: torch.Tensor, s8: torch.Tensor, pts: torch.Tensor, shift: int) -> torch.Tensor:
-    """e * (pts * s8), times 2^shift, saturated at float32's range (every element is finite here)."""
+def combine(elements: torch.Tensor, s8: torch.Tensor, pts: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """e * (pts * s8), times 2^shift (one rounding), saturated at float32's range (every element is finite)."""
     y = elements * (pts * s8).unsqueeze(-1)
-    if shift:
-        y = torch.ldexp(y, torch.tensor(shift, dtype=torch.int32, device=y.device))
-    return y.clamp(-_FLOAT32_MAX, _FLOAT32_MAX)
+    return torch.ldexp(y, shift).clamp(-_FLOAT32_MAX, _FLOAT32_MAX)
 
 
 @register
@@ -122,11 +121,9 @@ class NVFP4(FormatSpec):
         """The recipe's elements and scales for x (float32 or wider, at least 1-d; see ``NVFP4Parts``)."""
         work = x.to(torch.float32)
         amax = finite_abs_max(work.reshape(1, -1), (1,)).reshape(())
-        tiny = bool(0 < amax < TINY_AMAX) if work.device.type != "meta" else False
-        shift = -TINY_SHIFT if tiny else 0
-        if tiny:
-            work = torch.ldexp(work, torch.tensor(TINY_SHIFT, dtype=torch.int32, device=work.device))
-            amax = finite_abs_max(work.reshape(1, -1), (1,)).reshape(())
+        tiny = (amax > 0) & (amax < TINY_AMAX)  # no branch on the data: one graph when compiled
+        shift = torch.where(tiny, -TINY_SHIFT, 0).to(torch.int32)
+        work, amax = torch.ldexp(work, -shift), torch.ldexp(amax, -shift)  # exact: x 2^100 or x 1
         pts = tensor_scale(amax)
         blocks = blocked(work)
         s8 = block_scales(blocks, pts)

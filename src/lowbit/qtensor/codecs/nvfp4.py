@@ -43,7 +43,7 @@ class NVFP4Codec(Codec):
         params = {
             "block_scale": parts.block_scales.to(torch.float8_e4m3fn).view(torch.uint8).contiguous(),
             "tensor_scale": parts.tensor_scale.reshape(1).to(torch.float32).contiguous(),
-            "shift": torch.tensor([parts.shift], dtype=torch.int16, device=work.device),
+            "shift": parts.shift.reshape(1).to(torch.int16),
         }
         return Encoded(codes, params, (*[1] * (rows.dim() - 1), BLOCK_SIZE))
 
@@ -55,5 +55,5 @@ class NVFP4Codec(Codec):
         elements = torch.nn.functional.pad(elements, (0, pad)).reshape(*rows.shape[:-1], -1, BLOCK_SIZE)
         s8 = params["block_scale"].view(torch.float8_e4m3fn).to(torch.float32)
         values = combine(elements, s8.reshape(elements.shape[:-1]), params["tensor_scale"].reshape(()),
-                         int(params["shift"].reshape(-1)[0]))  # fmt: skip
+                         params["shift"].reshape(()).to(torch.int32))  # fmt: skip
         return values.reshape(*rows.shape[:-1], -1)[..., :length].reshape(codes.shape).to(dtype)
