@@ -461,9 +461,9 @@ def test_scale_rule_needs_derived_scales():
 
 
 def test_tile_amax_stored_codes_decode_bit_for_bit():
-    x = torch.from_numpy(tile_cases()[:300, :260].copy())
+    x = torch.from_numpy(tile_cases()[:200, :150].copy())
     x[x.isnan()] = 0
     x = x.clamp(-3e38, 3e38)
     stored = lowbit.qtensor.encode(x, "e4m3", block_size=[128, 128], scale_rule="amax")
     assert_same(stored.dequantize(), lowbit.quantize(x, "e4m3", block_size=[128, 128], scale_rule="amax"))
-    assert stored.params["scale"].shape == (3, 3) and stored.params["scale"].dtype == torch.float32
+    assert stored.params["scale"].shape == (2, 2) and stored.params["scale"].dtype == torch.float32
