@@ -19,17 +19,11 @@ amax / max_element rounded up, adjusted by at most one step): the block maximum 
 quantizing a quantized block gives the same scale back, so scaled formats are idempotent too. An all-zero
 block gets the smallest normal scale and stays zero. NaN elements do not set the scale.
 
-Scale rule (``scale_rule``, derived scales only). ``covering`` (the default, above): the smallest scale that
-covers the block maximum, so no element is ever clamped and re-quantizing gives the same scale back.
-``amax``: s = amax / max_element rounded to nearest in ``scale_dtype`` (for float32 input and f32 scales:
-float32(amax / 448) for e4m3), DeepSeek-V3's FP8 rule and the serving stacks' (vLLM / SGLang block FP8),
-e.g. ``lowbit.quantize(w, "e4m3", block_size=[128, 128], scale_rule="amax")``; it differs from the
-covering scale by one float32 step in about one tile in ten (when it rounds down, the block maximum
-lands a hair past 448 and is clamped onto it). Elements are x / s rounded, times s, as for the covering
-rule. An all-zero block (and one whose amax / max_element is below the scale dtype's smallest normal,
-amax < 5.3e-36 for e4m3 and f32) gets the smallest normal scale: zero stays zero. The covering rule stays
-the default because it keeps the contract (the block maximum never overflows, quantizing is idempotent
-bit for bit); ``amax`` moves a re-quantized value by a float32 ulp at most (s re-derived from 448 * s).
+Scale rule (``scale_rule``, derived scales only): ``covering`` (default, above: never clamps a block maximum,
+idempotent bit for bit) or ``amax``: s = amax / max_element rounded to nearest in ``scale_dtype`` (float32(amax
+/ 448) for e4m3 and f32 scales), DeepSeek-V3's FP8 tile rule, e.g. ``block_size=[128, 128],
+scale_rule="amax"``; an all-zero block (or amax / max_element below the smallest normal) gets the smallest
+normal scale. See docs/formats/minifloat.md.
 
 Given (calibrated) scales: ``scale`` is one number for the whole tensor, or one per index of ``axis``
 (see ``lowbit.calibrate.calibrated_spec``). It is rounded to ``scale_dtype`` (to nearest) and used as it
