@@ -395,4 +395,3 @@ def test_bits_value_sets_and_registry():
 def test_bad_parameters_name_the_parameter(params, name):
     with pytest.raises(FormatError, match=name):
         lowbit.quantize(torch.ones(2, 2), "e4m3", **params)
-
