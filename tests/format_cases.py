@@ -9,6 +9,9 @@ Each case: (case id, format name, parameters, traits). Traits:
   leaving them bit-identical.
 - "nan_left_out": a per-tensor statistic leaves NaN elements out (not counted as zero, so that the format
   stays idempotent: its output keeps the NaN), so a NaN acts as if the element were absent.
+- "scale_recomputed": a scale re-derived from the quantized block's maximum by a rule kept bit for bit from
+  its owner (NVFP4's pts = amax / 2688, block FP8's amax / 448) may move a re-quantized value by a few float32
+  ulps, instead of leaving it bit-identical.
 Every registered format must appear here at least once (tests/formats/test_registry_cases.py checks it).
 """
 
@@ -56,5 +59,12 @@ for _name in ("mxint8", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", 
 # ---- issue 6: calibrated (given) scales of the scaled element and sign formats ------------------------------
 _case("e4m3-given-scale", "e4m3", {"scale": 0.3}, "sign_symmetric", "scalar")
 _case("ternary-given-alpha", "ternary", {"scaling_factor": True, "alpha": 0.75}, "sign_symmetric")
+
+# ---- issue 45: the formats LLMs ship in -----------------------------------------------------------------
+_case("nvfp4", "nvfp4", {}, "sign_symmetric", "scale_recomputed")
+_case("nf4", "nf4", {})
+_case("codebook-symmetric", "codebook", {"values": [-3.0, -1.0, -0.25, 0.25, 1.0, 3.0]}, "sign_symmetric", "scalar")
+_case("codebook-scaled", "codebook", {"values": [-1.0, -0.5, 0.0, 0.25, 1.0], "block_size": [1, 32]})
+_case("e4m3-tile-amax", "e4m3", {"block_size": [128, 128], "scale_rule": "amax"}, "sign_symmetric", "scale_recomputed")
 
 CASE_IDS = [case[0] for case in CASES]

@@ -87,6 +87,10 @@ def test_idempotent(name, params, traits, x):
 
 def assert_requantized(spec: lowbit.FormatSpec, once: torch.Tensor, traits) -> None:
     """q(q(x)) == q(x) bit for bit; asymmetric min-max formats may move a value by one step at most."""
+    if "scale_recomputed" in traits:  # a few ulps: the owner's rule re-derives the scale from the maximum
+        again = spec(once)
+        assert torch.all((again - once).abs() <= once.abs() * 2.0**-20), (once, again)
+        return
     if "asymmetric_minmax" not in traits:
         assert_same(spec(once), once)
         return

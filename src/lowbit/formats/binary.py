@@ -19,9 +19,12 @@
     Value set: every signed sum +-m_1 +- m_2 ... +- m_L of the magnitudes ``means`` (2^L values when those
     sums are distinct; MASE's default magnitudes (L, L-1, ..., 1) / sum give the uniform grid k / sum, i.e.
     L(L+1)/2 + 1 values, which is 2^L only for L <= 2). Max = sum of the magnitudes. Each x goes to the
-    nearest value, ties toward +inf (the residual sign's sign(0) = +1); for MASE's default magnitudes this
-    is exactly the greedy residual sign r = x; s_l = sign(r) m_l; r -= s_l; y = sum s_l. Out-of-range
-    values and +-inf saturate to +-max, NaN stays NaN, zero is exact only when some signed sum is zero.
+    nearest value of the exact grid (the float64 sums, compared with x exactly, then rounded to x's dtype),
+    ties away from zero, and +-0 on a tie at zero by its sign bit (+0 -> the residual sign's sign(0) = +1,
+    -0 -> its mirror image): the result is sign-symmetric for every input. For MASE's default magnitudes
+    this is the greedy residual sign r = x; s_l = sign(r) m_l; r -= s_l; y = sum s_l except at exact
+    negative ties. Out-of-range values and +-inf saturate to +-max, NaN stays NaN, zero is exact only when
+    some signed sum is zero.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from lowbit.formats._base import (
     check_optional,
     is_number,
 )
+from lowbit.formats._nearest_table import nearest_index, thresholds
 from lowbit.formats._registry import register
 from lowbit.formats.blocking import (
     apply_blockwise,
@@ -191,24 +195,6 @@ def residual_values(means: tuple[float, ...]) -> tuple[float, ...]:
     return tuple([-v for v in reversed(kept) if v > 0] + kept)
 
 
-def _decision_points(grid: tuple[float, ...], dtype: torch.dtype) -> tuple[tuple[float, ...], tuple[bool, ...]]:
-    """The midpoints of neighbouring grid values rounded to ``dtype``, and whether each exact midpoint lies
-    above its rounded one.
-
-    The sum s = fl(a + b) and its rounding error (Knuth's two-sum, exact in ``dtype``) give the exact
-    midpoint (a + b) / 2 = s / 2 + error / 2; no ``dtype`` value lies strictly between s / 2 and the exact
-    midpoint, so comparing x with s / 2 and the error's sign decides exactly, and the decisions are
-    mirror images for -x (the grid is symmetric). Comparing with the rounded midpoint alone is neither
-    nearest nor sign-symmetric (L = 3, float32: 0.83333337 -> 1.0 but -0.83333337 -> -2/3).
-    """
-    values = torch.tensor(grid, dtype=dtype)
-    low, high = values[:-1], values[1:]
-    total = low + high
-    back = total - low
-    error = (low - (total - back)) + (high - back)
-    return tuple((total / 2).tolist()), tuple((error > 0).tolist())
-
-
 @register
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BinaryResidual(FormatSpec):
@@ -229,12 +215,13 @@ class BinaryResidual(FormatSpec):
             total = self.levels * (self.levels + 1) / 2
             means = tuple((self.levels - i) / total for i in range(self.levels))
         object.__setattr__(self, "means", self._check_means(means))
-        # The value grid per compute dtype, as Python constants (two values may coincide once rounded), and
-        # its decision points (see _decision_points).
-        grids = {dtype: tuple(torch.tensor(residual_values(self.means), dtype=dtype).unique().tolist())
-                 for dtype in (torch.float32, torch.float64)}  # fmt: skip
+        # The exact grid (float64 values), each value rounded to every compute dtype (two may coincide once
+        # rounded: index i is still the i-th exact value), and the thresholds that decide: nearest to the
+        # exact values, ties away from zero, a tie at 0 by the sign bit (formats/_nearest_table.py).
+        exact = residual_values(self.means)
+        grids = {dtype: tuple(torch.tensor(exact, dtype=dtype).tolist()) for dtype in (torch.float32, torch.float64)}
         object.__setattr__(self, "_grids", grids)
-        object.__setattr__(self, "_midpoints", {dtype: _decision_points(grid, dtype) for dtype, grid in grids.items()})
+        object.__setattr__(self, "_thresholds", {dtype: thresholds(exact, dtype, "away") for dtype in grids})
 
     def _check_means(self, means) -> tuple[float, ...]:
         legal = f"must be {self.levels} finite positive numbers (one per level)"
@@ -258,27 +245,15 @@ class BinaryResidual(FormatSpec):
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         values = torch.tensor(self._grids[x.dtype], dtype=x.dtype, device=x.device)
-        rounded, above = self._midpoints[x.dtype]
-        midpoints = torch.tensor(rounded, dtype=x.dtype, device=x.device)
-        # The index of the nearest value = the number of exact midpoints <= x (a value on a midpoint goes to
-        # the upper neighbour: ties toward +inf). Against the rounded midpoint m this is x >= m, except where
-        # the exact midpoint lies above m: there x == m is below it and goes down. In compiled kernels,
-        # counting (elementwise, fused) beats a binary search up to 16 values; eager PyTorch is faster with
-        # bucketize. Both give the same index.
-        if values.numel() <= _COUNTED_GRID_SIZE and torch.compiler.is_compiling():
-            index = sum(((x > m) if up else (x >= m)).to(torch.int64)
-                        for m, up in zip(midpoints.unbind(), above, strict=True))
-        else:
-            index = torch.bucketize(x, midpoints, right=True)
-            for m, up in zip(rounded, above, strict=True):
-                if up:
-                    index = index - (x == m).to(torch.int64)
+        # In compiled kernels, counting (elementwise, fused) beats a binary search up to 16 values; eager
+        # PyTorch is faster with bucketize. Both give the same index.
+        counted = values.numel() <= _COUNTED_GRID_SIZE and torch.compiler.is_compiling()
+        index = nearest_index(x, self._thresholds[x.dtype], counted)
         out = values.take(index)  # not values[index]: a 0-d index tensor would be read back as a Python int
         return torch.where(torch.isnan(x), x, out)
 
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
-        rounded, above = self._midpoints[torch.float32]
-        return sign_log.residual(x, rounded, above, self._grids[torch.float32])
+        return sign_log.residual(x, self._thresholds[torch.float32], self._grids[torch.float32])
 
     def _native_takes_halves(self) -> bool:
         return True

@@ -19,6 +19,12 @@ amax / max_element rounded up, adjusted by at most one step): the block maximum 
 quantizing a quantized block gives the same scale back, so scaled formats are idempotent too. An all-zero
 block gets the smallest normal scale and stays zero. NaN elements do not set the scale.
 
+Scale rule (``scale_rule``, derived scales only): ``covering`` (default, above: never clamps a block maximum,
+idempotent bit for bit) or ``amax``: s = amax / max_element rounded to nearest in ``scale_dtype`` (float32(amax
+/ 448) for e4m3 and f32 scales), DeepSeek-V3's FP8 tile rule, e.g. ``block_size=[128, 128],
+scale_rule="amax"``; an all-zero block (or amax / max_element below the smallest normal) gets the smallest
+normal scale. See docs/formats/minifloat.md.
+
 Given (calibrated) scales: ``scale`` is one number for the whole tensor, or one per index of ``axis``
 (see ``lowbit.calibrate.calibrated_spec``). It is rounded to ``scale_dtype`` (to nearest) and used as it
 is, whatever the data: elements become s * element(x / s), and values beyond s * max overflow as
@@ -59,6 +65,7 @@ from lowbit.formats.scaling import SCALE_DTYPE_BITS, round_scale, safe_scale
 from lowbit.native import block as native_block
 
 _TORCH_SCALE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+SCALE_RULES = ("covering", "amax")
 
 # Where an overflow may go past max (to Inf, or NaN for e4m3) for (positive, negative) values; every mode
 # not listed (the nearest modes, away_from_zero, stochastic) rounds past max on both sides.
@@ -145,9 +152,11 @@ class _OcpFloat(FormatSpec):
     skip_first_dim: bool = False
     scale_dtype: str = "f32"
     scale: float | tuple[float, ...] | None = None
+    scale_rule: str = "covering"
 
     def validate(self) -> None:
         check_bool(self, "saturate")
+        check_choice(self, "scale_rule", SCALE_RULES)
         check_bool(self, "skip_first_dim")
         check_axis(self)
         check_block_size(self)
@@ -162,6 +171,11 @@ class _OcpFloat(FormatSpec):
             raise FormatError(
                 f"{self.format_name}: give scale= (per tensor or per axis) or block_size= (scales from each "
                 "block's data), not both"
+            )
+        if self.scale_rule != "covering" and (scales is not None or (self.axis is None and self.block_size is None)):
+            raise FormatError(
+                f"{self.format_name}: scale_rule={self.scale_rule!r} needs scales derived from the data (block_size= "
+                "or axis=); a plain cast or a given scale= has no scale to derive"
             )
         # The given scales as stored (rounded to scale_dtype once, here): every path multiplies by these.
         stored = None if scales is None else round_scale(torch.tensor(scales, dtype=torch.float64), self.scale_dtype)
@@ -228,7 +242,7 @@ class _OcpFloat(FormatSpec):
             return None
         if self.scale is not None:
             return self._native_given(x, grid)
-        if self.scale_dtype != "f32":
+        if self.scale_dtype != "f32" or self.scale_rule != "covering":
             return None
         runs = runs_of(x.shape, self.block_size, self.axis, self.skip_first_dim)
         if runs is not None:
@@ -277,6 +291,8 @@ class _OcpFloat(FormatSpec):
     def _block_scale(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         element_max = self.element.max_value
         amax = finite_abs_max(blocked, dims)
+        if self.scale_rule == "amax":
+            return safe_scale(round_scale(amax / element_max, self.scale_dtype))
         scale = covering_scale(amax, element_max, self.scale_dtype)
         if self.rounding not in ("toward_zero", "down", "up"):
             return scale

@@ -98,24 +98,22 @@ def _grouped(entry, x: torch.Tensor, axis: int | None, alpha: tuple[float, ...] 
     return layout, given, torch.empty_like(x)
 
 
-def residual(x: torch.Tensor, midpoints: tuple[float, ...], above: tuple[bool, ...],
-             values: tuple[float, ...]) -> torch.Tensor | None:  # fmt: skip
-    """formats/binary.BinaryResidual: the nearest of ``values``, by rounded midpoints and whether each exact
-    midpoint lies above its rounded one (at most 32 midpoints)."""
-    entry = kernels.function("lb_residual_f32", [POINTER, POINTER, I64, INT, POINTER, POINTER, POINTER, INT, INT])
+def residual(x: torch.Tensor, thresholds: tuple[float, ...], values: tuple[float, ...]) -> torch.Tensor | None:
+    """formats/binary.BinaryResidual: values[the number of ``thresholds`` x reaches] (at most 32 thresholds,
+    ascending; -0 does not reach a +0 threshold)."""
+    entry = kernels.function("lb_residual_f32", [POINTER, POINTER, I64, INT, POINTER, POINTER, INT, INT])
     half = kernels.HALF_CODES.get(x.dtype)
-    if entry is None or half is None or len(midpoints) > _RESIDUAL_MAX_POINTS or len(values) != len(midpoints) + 1:
+    if entry is None or half is None or len(thresholds) > _RESIDUAL_MAX_POINTS or len(values) != len(thresholds) + 1:
         return None
-    arrays = _residual_arrays(midpoints, above, values)
+    arrays = _residual_arrays(thresholds, values)
     out = torch.empty_like(x)
-    entry(x.data_ptr(), out.data_ptr(), x.numel(), len(midpoints), *arrays[1:], half, kernels.threads())
+    entry(x.data_ptr(), out.data_ptr(), x.numel(), len(thresholds), *arrays[1:], half, kernels.threads())
     return out
 
 
 @functools.lru_cache(maxsize=64)
-def _residual_arrays(midpoints: tuple[float, ...], above: tuple[bool, ...], values: tuple[float, ...]) -> tuple:
+def _residual_arrays(thresholds: tuple[float, ...], values: tuple[float, ...]) -> tuple:
     """C arrays of the grid (kept alive here) and their addresses."""
-    points = len(midpoints)
-    arrays = ((ctypes.c_float * points)(*midpoints), (ctypes.c_int * points)(*above),
-              (ctypes.c_float * (points + 1))(*values))  # fmt: skip
+    points = len(thresholds)
+    arrays = ((ctypes.c_float * points)(*thresholds), (ctypes.c_float * (points + 1))(*values))
     return (arrays, *(ctypes.addressof(a) for a in arrays))

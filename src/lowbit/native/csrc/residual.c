@@ -9,25 +9,35 @@ typedef struct {
     const float *x;
     float *out;
     int points, streamed;
-    float thresholds[RESIDUAL_MAX_POINTS], values[RESIDUAL_MAX_POINTS + 1];
+    int32_t keys[RESIDUAL_MAX_POINTS];
+    float values[RESIDUAL_MAX_POINTS + 1];
 } residual_job;
 
-/* The nearest value: values[the number of exact midpoints <= x]. A rounded midpoint m whose exact one lies
- * above it counts only when x > m, i.e. x >= the next float32 above m (the thresholds below). The exact
- * midpoints ascend, so x >= threshold p holds for p = 0 .. index - 1 and fails after: picking values[p + 1]
- * wherever it holds, point by point, leaves values[index] (selects on whole vectors, no table lookup). NaN
- * passes no threshold, and is put back at the end. */
+/* A float's bits as an integer that orders like the float, with -0 just below +0 (NaN: anywhere). */
+static int32_t order_key(float value) {
+    int32_t bits = (int32_t)lb_bits(value);
+    return bits ^ ((bits >> 31) & 0x7fffffff);
+}
+
+/* The nearest value: values[the number of thresholds x has reached], a threshold being the smallest float32
+ * that goes to the upper neighbour (formats/binary.py computes them exactly: nearest to the exact grid, ties
+ * away from zero, a zero midpoint decided by the sign bit). x and the thresholds compare as order keys, so -0
+ * stays below a +0 threshold. The thresholds ascend, so x reaches p = 0 .. index - 1 and no more: picking
+ * values[p + 1] wherever it does, point by point, leaves values[index] (selects on whole vectors, no table
+ * lookup). NaN is put back at the end. */
 ALWAYS_INLINE void residual_lanes(const residual_job *job, int points, const float *x, float *out, int64_t n) {
-    lanes_f thresholds[RESIDUAL_MAX_POINTS], values[RESIDUAL_MAX_POINTS + 1];
-    for (int p = 0; p < points; p++) thresholds[p] = lanes_float(job->thresholds[p]);
+    lanes_i keys[RESIDUAL_MAX_POINTS];
+    lanes_f values[RESIDUAL_MAX_POINTS + 1];
+    for (int p = 0; p < points; p++) keys[p] = (lanes_i){0} + job->keys[p];
     for (int p = 0; p <= points; p++) values[p] = lanes_float(job->values[p]);
     for (int64_t i = 0; i < n; i += LANES) {
         lanes_f v, result = values[0];
         int64_t length = n - i < LANES ? n - i : LANES;
         if (length == LANES) memcpy(&v, x + i, sizeof v);
         else v = (lanes_f)lanes_load_tail(x + i, length);
+        lanes_i bits = (lanes_i)v, key = bits ^ ((bits >> 31) & 0x7fffffff);
         for (int p = 0; p < points; p++) {
-            lanes_i past = v >= thresholds[p];
+            lanes_i past = key >= keys[p];
             result = (lanes_f)(((lanes_i)values[p + 1] & past) | ((lanes_i)result & ~past));
         }
         lanes_i nan = v != v;
@@ -51,16 +61,12 @@ static void residual_range(const void *context, int64_t begin, int64_t end) {
     lb_spans(job, job->x, job->out, job->streamed, begin, end, residual_span);
 }
 
-/* points <= RESIDUAL_MAX_POINTS midpoints (ascending), points + 1 values. */
-void lb_residual_f32(const float *x, float *out, int64_t n, int points, const float *midpoints,
-                     const int *above, const float *values, int half, int threads) {
+/* points <= RESIDUAL_MAX_POINTS thresholds (ascending), points + 1 values. */
+void lb_residual_f32(const float *x, float *out, int64_t n, int points, const float *thresholds,
+                     const float *values, int half, int threads) {
     residual_job job;
     job.x = x, job.out = out, job.points = points, job.streamed = lb_storage(n, threads, half);
-    for (int p = 0; p < points; p++) { /* the next float32 up where the exact midpoint lies above (m finite) */
-        uint32_t bits = lb_bits(midpoints[p]);
-        if (above[p]) bits = bits == 0x80000000u ? 1u : (bits >> 31 ? bits - 1 : bits + 1);
-        job.thresholds[p] = lb_float(bits);
-    }
+    for (int p = 0; p < points; p++) job.keys[p] = order_key(thresholds[p]);
     for (int p = 0; p <= points; p++) job.values[p] = values[p];
     lb_parallel(n, 16, threads, residual_range, &job);
 }

@@ -1,6 +1,6 @@
 """The codec registry: format name -> the codec that stores that format as integer codes.
 
-One module per format family (``affine``, ``float_codes``, ``signs``, ``block``); every registered format of
+One module per format family (``affine``, ``float_codes``, ``signs``, ``block``, ``nvfp4``, ``tables``); every registered format of
 ``lowbit.formats`` has a codec. A format added later without one makes ``encode`` raise a FormatError
 naming it.
 """
@@ -13,7 +13,9 @@ from lowbit.qtensor.codecs._common import Codec, Encoded, FloatLayout
 from lowbit.qtensor.codecs.affine import AffineCodec, IntegerCodec
 from lowbit.qtensor.codecs.block import BlockFPCodec, BlockLogCodec, BlockMinifloatCodec, MXCodec
 from lowbit.qtensor.codecs.float_codes import LogCodec, MinifloatCodec, OcpFloatCodec
+from lowbit.qtensor.codecs.nvfp4 import NVFP4Codec
 from lowbit.qtensor.codecs.signs import BinaryCodec, BinaryResidualCodec, TernaryCodec
+from lowbit.qtensor.codecs.tables import TableCodec
 
 _CODECS: dict[str, Codec] = {}
 
@@ -25,7 +27,8 @@ def register_codec(codec: Codec) -> Codec:
 
 
 for _cls in (IntegerCodec, AffineCodec, MinifloatCodec, OcpFloatCodec, LogCodec, BinaryCodec, TernaryCodec,
-             BinaryResidualCodec, BlockFPCodec, BlockMinifloatCodec, BlockLogCodec, MXCodec):  # fmt: skip
+             BinaryResidualCodec, BlockFPCodec, BlockMinifloatCodec, BlockLogCodec, MXCodec, NVFP4Codec,
+             TableCodec):  # fmt: skip
     register_codec(_cls())
 
 
