@@ -44,7 +44,11 @@ from pathlib import Path
 from lowbit.native import flags as compiler_flags
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
-BUILD_TIMEOUT_S = 120
+BUILD_TIMEOUT_S = 120  # how long a finishing process waits at exit for a build in flight
+# How long one compiler call may take before its flag set counts as failed. 35-55 s on 2 quiet cores, but 13-21
+# minutes were seen on 2 cores shared with a dozen other jobs: at 120 s every such build timed out, fell back to
+# the next flag set (no OpenMP, then no -march=native: slower kernels) and was tried again by every process.
+COMPILE_TIMEOUT_S = 1800
 # A flag set the compiler refused (it exited with an error: not a time-out or a kill) is not tried again for
 # this long in later processes: its marker (``native-<key>.failed``) holds the message. The key covers the
 # sources, the compiler and its version, the flags and the CPU, so any change of those tries it again.
@@ -336,7 +340,7 @@ def _compile_objects(cc: str, flags: list[str], folder: str) -> str | None:
             running.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         process = running.pop(0)
         try:
-            _, errors = process.communicate(timeout=BUILD_TIMEOUT_S)
+            _, errors = process.communicate(timeout=COMPILE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             process.kill()
             process.communicate()
@@ -350,5 +354,5 @@ def _compile_objects(cc: str, flags: list[str], folder: str) -> str | None:
 
 
 def _run(command: list[str]) -> str | None:
-    result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
     return None if result.returncode == 0 else result.stderr.strip()[-300:]
