@@ -57,4 +57,8 @@ for _name in ("mxint8", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", 
 _case("e4m3-given-scale", "e4m3", {"scale": 0.3}, "sign_symmetric", "scalar")
 _case("ternary-given-alpha", "ternary", {"scaling_factor": True, "alpha": 0.75}, "sign_symmetric")
 
+# ---- issue 46: llama.cpp's block types ----------------------------------------------------------------------
+for _name in ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0"):
+    _case(_name, _name, {})
+
 CASE_IDS = [case[0] for case in CASES]
