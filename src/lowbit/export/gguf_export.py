@@ -55,9 +55,7 @@ def export_gguf(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None
         writer = gguf.GGUFWriter(str(temporary), architecture)
         _metadata(writer, config, types, Path(path).stem)
         if tokenizer is not None:
-            from lowbit.export.gguf_vocab import write_vocabulary
-
-            write_vocabulary(writer, tokenizer, tokenizer_pre)
+            _write_vocabulary(writer, tokenizer, tokenizer_pre)
         for name, array, raw_type in tensors:
             writer.add_tensor(name, array, raw_dtype=raw_type)
         writer.write_header_to_file()
@@ -65,6 +63,34 @@ def export_gguf(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None
         writer.write_tensors_to_file()
         writer.close()
     return types
+
+
+def _write_vocabulary(writer, tokenizer: Any, tokenizer_pre: str) -> None:
+    """A byte-level BPE (GPT-2 style) tokenizer's vocabulary as llama.cpp's converter writes it: tokens by id,
+    their types (control for special added tokens), merges, special ids and the chat template."""
+    import tempfile
+
+    gguf = _gguf()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    model_kind = type(backend.model).__name__ if backend is not None else type(tokenizer).__name__
+    if model_kind != "BPE":
+        raise ConfigError(f"export_gguf writes byte-level BPE tokenizers only; this one is {model_kind} "
+                          "(export without tokenizer=)")  # fmt: skip
+    vocabulary = tokenizer.get_vocab()
+    size = max(vocabulary.values()) + 1
+    by_id = {index: token for token, index in vocabulary.items()}
+    special = {token.content for token in tokenizer.added_tokens_decoder.values() if token.special}
+    tokens = [by_id.get(index, f"[PAD{index}]") for index in range(size)]
+    kinds = [gguf.TokenType.CONTROL if token in special else
+             gguf.TokenType.USER_DEFINED if index not in by_id else gguf.TokenType.NORMAL
+             for index, token in enumerate(tokens)]  # fmt: skip
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(tokenizer_pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(kinds)
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        gguf.SpecialVocab(folder, load_merges=True, n_vocab=size).add_to_gguf(writer)
 
 
 def _float_type(array: np.ndarray) -> str:
