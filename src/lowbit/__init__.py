@@ -24,7 +24,9 @@ _LAZY = {"quantize": "lowbit.api", "warmup": "lowbit.api", "get_backend": "lowbi
          "set_backend": "lowbit.backend", "ROUNDING_MODES": "lowbit.formats", "FormatSpec": "lowbit.formats",
          "get_format": "lowbit.formats", "list_formats": "lowbit.formats", "QTensor": "lowbit.qtensor",
          "encode": "lowbit.qtensor", "quantize_": "lowbit.flows", "quantize_model": "lowbit.flows",
-         "save": "lowbit.export", "load": "lowbit.export", "export_onnx": "lowbit.export"}  # fmt: skip
+         "save": "lowbit.export", "load": "lowbit.export", "export_onnx": "lowbit.export",
+         "load_gguf": "lowbit.export", "export_gguf": "lowbit.export",
+         "export_compressed_tensors": "lowbit.export"}  # fmt: skip
 
 
 def __getattr__(name: str):
@@ -46,5 +48,5 @@ __all__ = [
     "ConfigError", "FormatError", "FormatSpec", "LowbitError", "ROUNDING_MODES",
     "formats", "get_backend", "get_format", "list_formats", "quantize", "set_backend", "warmup", "__version__",
 ]  # fmt: skip
-__all__ += ["QTensor", "encode", "load", "save", "export_onnx"]
+__all__ += ["QTensor", "encode", "load", "save", "export_onnx", "load_gguf", "export_gguf", "export_compressed_tensors"]
 __all__ += ["quantize_", "quantize_model"]

@@ -1,7 +1,7 @@
 """Crash-safe output: a reader sees the old version of a file or folder or the new one, never a mixture.
 
 - :func:`atomic_write_bytes` / :func:`atomic_write_text`: one file, written to a temporary sibling, fsynced,
-  renamed over the target.
+  renamed over the target; :func:`atomic_file` the same for a writer that takes a file name.
 - :func:`sealed` / :func:`seal_matches`: a SHA-256 seal over every byte of a file, kept inside it.
 - :func:`atomic_directory`: a folder of several files, built in a temporary sibling folder and swapped in
   with one rename (Linux ``renameat2(RENAME_EXCHANGE)``; elsewhere two renames, see below).
@@ -50,6 +50,28 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     temporary = _temporary_name(target, "tmp")
     try:
         write_file(temporary, data)
+        _replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    _fsync_directory(target.parent)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary sibling path for a writer that wants a file name (a library's own writer); once the block
+    ends without an error that file is fsynced and renamed over ``path``, else removed."""
+    target = Path(path)
+    if target.is_dir():
+        raise LowbitError(f"cannot write the file {str(path)!r}: a folder of that name exists")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target)
+    temporary = _temporary_name(target, "tmp")
+    try:
+        yield temporary
+        with open(temporary, "rb+") as stream:
+            os.fsync(stream.fileno())
         _replace(temporary, target)
     except BaseException:
         with contextlib.suppress(OSError):

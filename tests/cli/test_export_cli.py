@@ -65,9 +65,23 @@ def test_safetensors_export_records_the_model(transformed, tmp_path):
 @pytest.mark.parametrize("argv, expected", [
     (["export", "--load", "nowhere"], "say what to write"),
     (["export", "--load", "nowhere", "--onnx", "x.onnx"], "does not exist"),
+    (["export", "--load", "nowhere", "--gguf", "x.gguf"], "does not exist"),
+    (["export", "--load", "nowhere", "--compressed-tensors", "ckpt"], "does not exist"),
 ])  # fmt: skip
 def test_bad_export_requests(argv, expected, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and expected in error[0]
+
+
+def test_serving_formats_refuse_what_they_cannot_hold_in_one_line(transformed, tmp_path, capsys):
+    """The toy model is no Llama (GGUF) and its layers are simulated (compressed-tensors): one line, exit 2,
+    nothing written."""
+    assert main(["export", "--load", str(transformed), "--gguf", str(tmp_path / "toy.gguf")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "model_type" in error[0]
+    assert main(["export", "--load", str(transformed), "--compressed-tensors", str(tmp_path / "ckpt")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "export_compressed_tensors: layer" in error[0]
+    assert not (tmp_path / "toy.gguf").exists() and not (tmp_path / "ckpt").exists()

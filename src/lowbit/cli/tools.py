@@ -33,10 +33,15 @@ def add_tool_commands(sub: Any) -> None:
     add_verbosity(machine)
     machine.set_defaults(command_function=run_machine)
 
-    export = sub.add_parser("export", help="export a transformed model (ONNX QDQ, lowbit safetensors)")
+    export = sub.add_parser("export", help="export a transformed model (ONNX QDQ, lowbit safetensors, GGUF, "
+                                           "compressed-tensors)")
     export.add_argument("--load", required=True, help="a lowbit checkpoint folder (transform / train output)")
     export.add_argument("--onnx", help="write a QDQ ONNX model here")
     export.add_argument("--safetensors", help="write lowbit's safetensors file here")
+    export.add_argument("--gguf", help="write a GGUF file (llama.cpp) here: a Llama-architecture model whose quantized "
+                                       "layers ggml types hold exactly")
+    export.add_argument("--compressed-tensors", dest="compressed_tensors",
+                        help="write a compressed-tensors checkpoint folder (vLLM) here")
     export.add_argument("--batch-size", type=int, default=1, help="batch size of the example input (default 1)")
     export.add_argument("--dataset", help="dataset giving the example input (default: the checkpoint's)")
     export.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
@@ -134,12 +139,14 @@ def run_stats_to_config(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     from lowbit.errors import ConfigError
 
-    if not args.onnx and not args.safetensors:
-        raise ConfigError("lowbit export: say what to write: --onnx PATH and / or --safetensors PATH")
+    if not (args.onnx or args.safetensors or args.gguf or args.compressed_tensors):
+        raise ConfigError("lowbit export: say what to write: --onnx PATH, --safetensors PATH, --gguf PATH and / or "
+                          "--compressed-tensors DIR")  # fmt: skip
     from lowbit.pipeline.exporting import export
 
-    for path in export(args.load, onnx_path=args.onnx, safetensors_path=args.safetensors,
-                       batch_size=args.batch_size, dataset=args.dataset):  # fmt: skip
+    for path in export(args.load, onnx_path=args.onnx, safetensors_path=args.safetensors, gguf_path=args.gguf,
+                       compressed_tensors_path=args.compressed_tensors, batch_size=args.batch_size,
+                       dataset=args.dataset):  # fmt: skip
         print(f"wrote {path}")
     return 0
 

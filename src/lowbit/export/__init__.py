@@ -1,5 +1,7 @@
 """Export: lowbit's safetensors files (``save`` / ``load``, a versioned JSON header, no pickle) and QDQ
-ONNX (``export_onnx``). safetensors and onnx are imported only when these functions run."""
+ONNX (``export_onnx``); other owners' formats: GGUF (``export_gguf`` / ``load_gguf``, llama.cpp) and
+compressed-tensors (``export_compressed_tensors``, vLLM). safetensors, onnx, gguf and transformers are imported
+only when these functions run."""
 
 from __future__ import annotations
 
@@ -29,4 +31,26 @@ def export_onnx(model: Any, example_inputs: Any, path, **kwargs: Any) -> Any:
     return _export(model, example_inputs, path, **kwargs)
 
 
-__all__ = ["ExportError", "SerializationError", "export_onnx", "load", "save"]
+def load_gguf(path, **kwargs: Any) -> Any:
+    """See :func:`lowbit.export.gguf_load.load_gguf`."""
+    from lowbit.export.gguf_load import load_gguf as _load_gguf
+
+    return _load_gguf(path, **kwargs)
+
+
+def export_gguf(model: Any, path, tokenizer: Any = None, **kwargs: Any) -> Any:
+    """See :func:`lowbit.export.gguf_export.export_gguf`."""
+    from lowbit.export.gguf_export import export_gguf as _export_gguf
+
+    return _export_gguf(model, path, tokenizer, **kwargs)
+
+
+def export_compressed_tensors(model: Any, directory, **kwargs: Any) -> Any:
+    """See :func:`lowbit.export.compressed_tensors_export.export_compressed_tensors`."""
+    from lowbit.export.compressed_tensors_export import export_compressed_tensors as _export_ct
+
+    return _export_ct(model, directory, **kwargs)
+
+
+__all__ = ["ExportError", "SerializationError", "export_compressed_tensors", "export_gguf", "export_onnx", "load",
+           "load_gguf", "save"]  # fmt: skip

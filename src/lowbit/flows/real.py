@@ -17,7 +17,7 @@ from torch import nn
 
 from lowbit._model import replace_module, run_batches, select_modules
 from lowbit.errors import ConfigError
-from lowbit.flows.recipes import Int4WeightOnly, Int8Dynamic, Int8WeightOnly, Recipe, W8A8Static
+from lowbit.flows.recipes import GGUFWeightOnly, Int4WeightOnly, Int8Dynamic, Int8WeightOnly, Recipe, W8A8Static
 from lowbit.formats import resolve
 from lowbit.nn.modules import QuantLinear
 from lowbit.nn.roles import RoleFormats
@@ -34,6 +34,8 @@ def recipe_formats(recipe: Recipe) -> RoleFormats:
     if isinstance(recipe, Int4WeightOnly):
         return RoleFormats(weight=resolve("affine", bits=4, signed=False, block_size=(1, recipe.group_size),
                                           scale_dtype=recipe.scale_dtype))  # fmt: skip
+    if isinstance(recipe, GGUFWeightOnly):
+        return RoleFormats(weight=resolve(recipe.name))
     raise ConfigError(f"recipe {recipe.name!r} has no fixed formats (its activation scales are calibrated)")
 
 
@@ -77,7 +79,7 @@ def quantize_real(root: nn.Module, recipe: Recipe) -> dict[str, Any]:
     """Swap ``root``'s layers (in place) by a real recipe; returns the info dict."""
     conv = getattr(recipe, "include_conv", False)
     targets, kept = real_targets(root, recipe, conv)
-    factory = _FACTORIES[type(recipe)](root, targets, recipe) if targets else None
+    factory = _factory(recipe)(root, targets, recipe) if targets else None
     converted = {}
     for name, module in targets.items():
         new = factory(name, module)
@@ -148,6 +150,15 @@ def _int4_weight_only(root, targets, recipe: Int4WeightOnly):
         importance=power.get(name), compute_dtype=recipe.compute_dtype)  # fmt: skip
 
 
+def _gguf_weight_only(root, targets, recipe: GGUFWeightOnly):
+    for name, module in targets.items():
+        if module.in_features % 32:
+            raise ConfigError(f"{name}: in_features={module.in_features} is not a multiple of 32 (ggml's block); "
+                              f"skip it (skip=[{name!r}])")  # fmt: skip
+    formats = recipe_formats(recipe)  # the simulated gguf_* weight's own codes, one rounding rule
+    return lambda name, module: linear_from_formats(module, formats, compute_dtype=recipe.compute_dtype)
+
+
 def _w8a8_static(root, targets, recipe: W8A8Static):
     from lowbit.calibrate.builders import scale_zero_point
     from lowbit.flows.ptq import calibrate
@@ -181,6 +192,10 @@ def _w8a8_static(root, targets, recipe: W8A8Static):
 
 _FACTORIES = {Int8Dynamic: _int8_dynamic, Int8WeightOnly: _int8_weight_only, Int4WeightOnly: _int4_weight_only,
               W8A8Static: _w8a8_static}  # fmt: skip
+
+
+def _factory(recipe: Recipe):
+    return _gguf_weight_only if isinstance(recipe, GGUFWeightOnly) else _FACTORIES[type(recipe)]
 
 
 def input_power(root: nn.Module, targets: dict[str, nn.Module], batches) -> dict[str, torch.Tensor]:

@@ -157,6 +157,43 @@ class Int4WeightOnly(Recipe):
 
 
 @dataclasses.dataclass
+class GGUFWeightOnly(Recipe):
+    """Real weight-only llama.cpp block codes (``lowbit.formats.ggml``: ggml's reference rounding, blocks of 32
+    inputs, float16 fields); the recipe name picks the type. ``compute_dtype`` None = the input's dtype."""
+
+    name: ClassVar[str] = ""
+    ggml_type: ClassVar[str] = ""
+    compute_dtype: str | None = None
+
+    def check(self) -> None:
+        _choice(self.name, "compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+
+
+@dataclasses.dataclass
+class GGUFQ4_0(GGUFWeightOnly):
+    """llama.cpp Q4_0: d * (q - 8), one float16 d per 32 weights (4.5 bits per weight)."""
+
+    name: ClassVar[str] = "gguf_q4_0"
+    ggml_type: ClassVar[str] = "q4_0"
+
+
+@dataclasses.dataclass
+class GGUFQ4_1(GGUFWeightOnly):
+    """llama.cpp Q4_1: d * q + m, float16 d and m per 32 weights (5 bits per weight)."""
+
+    name: ClassVar[str] = "gguf_q4_1"
+    ggml_type: ClassVar[str] = "q4_1"
+
+
+@dataclasses.dataclass
+class GGUFQ8_0(GGUFWeightOnly):
+    """llama.cpp Q8_0: d * q with int8 q, one float16 d per 32 weights (8.5 bits per weight)."""
+
+    name: ClassVar[str] = "gguf_q8_0"
+    ggml_type: ClassVar[str] = "q8_0"
+
+
+@dataclasses.dataclass
 class W8A8Static(Recipe):
     """Real int8 weights x int8 activations with calibrated per-tensor scales (``calibration`` from
     ``lowbit.ptq.calibrate`` or ``calibration_data`` batches, calibrated here with min-max)."""
@@ -266,8 +303,10 @@ class PassArgs(Recipe):
 
 
 RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in (Int8Dynamic, Int8WeightOnly, Int4WeightOnly, W8A8Static,
-                                                                FormatRecipe, KVCache, PassArgs)}  # fmt: skip
-REAL_RECIPES = ("int8_dynamic", "int8_weight_only", "int4_weight_only", "w8a8_static")
+                                                                GGUFQ4_0, GGUFQ4_1, GGUFQ8_0, FormatRecipe, KVCache,
+                                                                PassArgs)}  # fmt: skip
+REAL_RECIPES = ("int8_dynamic", "int8_weight_only", "int4_weight_only", "w8a8_static", "gguf_q4_0", "gguf_q4_1",
+                "gguf_q8_0")  # the gguf_* names are also formats: as a recipe they mean the real GGMLLinear
 
 
 def make_recipe(config: Any, **options: Any) -> Recipe:

@@ -9,6 +9,8 @@
 - :mod:`lowbit.ops.modules`, :mod:`lowbit.ops.int4`: Linear modules holding integer codes, with CPU
   kernels (fbgemm, int4pack, int8pack) checked against their reference paths; :data:`REAL_MODULES` maps
   class names to classes for ``lowbit.save`` / ``lowbit.load``.
+- :mod:`lowbit.ops.ggml`: ``GGMLLinear``, weight-only on llama.cpp's Q4_0 / Q4_1 / Q8_0 block codes
+  (the ``gguf_q4_0`` / ``gguf_q4_1`` / ``gguf_q8_0`` recipes, ``lowbit.load_gguf``, ``lowbit.export_gguf``).
 - :mod:`lowbit.ops.conv_modules`: ``Int8Conv2d`` (int8 weights, static or dynamic int8 activations; oneDNN
   fast path checked against an exact reference).
 - :mod:`lowbit.ops.gptq`: GPTQ error-compensating rounding for the int4 weights
@@ -18,6 +20,7 @@
 from lowbit.ops.conv import quantized_conv2d
 from lowbit.ops.conv_modules import Int8Conv2d
 from lowbit.ops.dynamic import Int8DynamicLinear
+from lowbit.ops.ggml import GGMLLinear
 from lowbit.ops.int4 import Int4WeightOnlyLinear
 from lowbit.ops.integer import AffineCodes, quantized_concat, quantized_linear, quantized_matmul
 from lowbit.ops.modules import (
@@ -29,7 +32,7 @@ from lowbit.ops.modules import (
 from lowbit.ops.quant import dequantize, fake_quantize, quantize
 
 __all__ = [
-    "REAL_MODULES", "AffineCodes", "Int4WeightOnlyLinear", "Int8Conv2d", "Int8DynamicLinear", "Int8WeightOnlyLinear",
+    "REAL_MODULES", "AffineCodes", "GGMLLinear", "Int4WeightOnlyLinear", "Int8Conv2d", "Int8DynamicLinear", "Int8WeightOnlyLinear",
     "RealQuantLinear", "W8A8StaticLinear", "dequantize", "fake_quantize", "quantize", "quantized_concat",
     "quantized_conv2d", "quantized_linear", "quantized_matmul",
 ]  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lowbit.ops.ggml import GGMLLinear
 from lowbit.ops.int4 import Int4WeightOnlyLinear
 from lowbit.ops.dynamic import Int8DynamicLinear
 from lowbit.ops.modules import Int8WeightOnlyLinear, W8A8StaticLinear
@@ -30,7 +31,9 @@ def _plain_affine(spec, bits: int, scale_dtypes: tuple[str, ...] = ("f32",)) -> 
 
 
 def _weight_kind(spec) -> tuple[str | None, str]:
-    """("int8" | "int4", group size or '') or (None, why)."""
+    """("int8" | "int4" | "gguf", group size, ggml type or '') or (None, why)."""
+    if spec is not None and spec.format_name.startswith("gguf_"):
+        return "gguf", spec.ggml_type
     if _plain_affine(spec, 8) is None and spec.symmetric and spec.signed and spec.scale is None:
         if spec.axis in (0, -2) and spec.block_size is None:
             return "int8", ""
@@ -40,7 +43,7 @@ def _weight_kind(spec) -> tuple[str | None, str]:
         if len(block) == 2 and block[0] == 1 and block[1] > 1:
             return "int4", str(block[1])
     return None, (f"weight {spec.describe() if spec is not None else 'float'} has no kernel "
-                  "(kernels: affine 8-bit symmetric axis=0, or affine 4-bit block_size [1, g])")
+                  "(kernels: affine 8-bit symmetric axis=0, affine 4-bit block_size [1, g], gguf_q4_0 / q4_1 / q8_0)")
 
 
 def _data_kind(spec) -> tuple[str | None, str]:
@@ -75,6 +78,12 @@ def convert_quant_linear(module, compute_dtype: str | None = None) -> tuple[nn.M
     data, why = _data_kind(formats.data_in)
     if data is None:
         return None, why
+    if weight == "gguf":
+        if data != "none":
+            return None, "ggml block weights run weight-only (data_in must have no format)"
+        if module.in_features % 32:
+            return None, f"in_features={module.in_features} is not a multiple of ggml's block of 32"
+        return GGMLLinear.from_float(module, detail, compute_dtype), ""
     if weight == "int4":
         if data != "none":
             return None, "4-bit weights run weight-only (data_in must have no format)"

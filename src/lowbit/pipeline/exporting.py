@@ -1,5 +1,5 @@
-"""``lowbit export``: a transformed model (a ``transformed_ckpt`` folder) to QDQ ONNX and / or lowbit's
-safetensors file. The example input for ONNX is a batch of the model's dataset; a tokenized batch (MiniLM)
+"""``lowbit export``: a transformed model (a ``transformed_ckpt`` folder) to QDQ ONNX, lowbit's safetensors
+file, a GGUF file (llama.cpp) and / or a compressed-tensors folder (vLLM). The example input for ONNX is a batch of the model's dataset; a tokenized batch (MiniLM)
 becomes the positional inputs in the order of the model's ``forward`` (input_ids, attention_mask, ...)."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from lowbit.pipeline.progress import waiting
 
 
 def export(folder: str | os.PathLike, *, onnx_path: str | None = None, safetensors_path: str | None = None,
-           batch_size: int = 1, dataset: str | None = None) -> list[str]:  # fmt: skip
+           gguf_path: str | None = None, compressed_tensors_path: str | None = None, batch_size: int = 1,
+           dataset: str | None = None) -> list[str]:  # fmt: skip
     folder = Path(folder)
     if not folder.exists():
         raise ConfigError(f"checkpoint {folder} does not exist")
@@ -29,6 +30,18 @@ def export(folder: str | os.PathLike, *, onnx_path: str | None = None, safetenso
         with waiting(f"writing {safetensors_path}", slow=False):
             save(model, safetensors_path)
         written.append(safetensors_path)
+    if gguf_path:
+        from lowbit.export import export_gguf
+
+        with waiting(f"writing {gguf_path}", slow=False):
+            export_gguf(model, gguf_path)
+        written.append(gguf_path)
+    if compressed_tensors_path:
+        from lowbit.export import export_compressed_tensors
+
+        with waiting(f"writing {compressed_tensors_path}", slow=False):
+            export_compressed_tensors(model, compressed_tensors_path)
+        written.append(compressed_tensors_path)
     if onnx_path:
         from lowbit.export import export_onnx
 
