@@ -45,9 +45,11 @@ def block_variants(model: nn.Module) -> dict[str, nn.Module]:
         warnings.simplefilter("ignore")
         from torch.ao.quantization import quantize_dynamic
 
-        variants["torch.ao quantize_dynamic (7-bit inputs per tensor)"] = quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
+        ao = quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
+        variants["torch.ao quantize_dynamic (7-bit inputs per tensor)"] = ao
     variants["lowbit int8_dynamic auto"] = lowbit.quantize_model(copy.deepcopy(model), "int8_dynamic")[0]
-    variants["lowbit int8_dynamic act_bits=7 auto"] = lowbit.quantize_model(copy.deepcopy(model), "int8_dynamic", act_bits=7)[0]
+    seven = lowbit.quantize_model(copy.deepcopy(model), "int8_dynamic", act_bits=7)[0]
+    variants["lowbit int8_dynamic act_bits=7 auto"] = seven
     for path in BLOCK_PATHS:
         quantized = lowbit.quantize_model(copy.deepcopy(model), "int8_dynamic")[0]
         try:
@@ -70,7 +72,8 @@ def cnn_variants(model: nn.Module, x: torch.Tensor) -> dict[str, nn.Module]:
 
     static = lowbit.quantize_model(copy.deepcopy(model), "w8a8_static", calibration_data=[x[:2]])
     dynamic = lowbit.quantize_model(copy.deepcopy(model), "int8_dynamic")
-    out = {"lowbit int8_dynamic auto": dynamic[0], "lowbit w8a8_static auto": static[0], "_info": (dynamic[1], static[1])}
+    out = {"lowbit int8_dynamic auto": dynamic[0], "lowbit w8a8_static auto": static[0],
+           "_info": (dynamic[1], static[1])}  # fmt: skip
     path = routes.int8_conv(x.device)
     if path == "onednn":
         out["lowbit int8_dynamic include_conv=True"] = lowbit.quantize_model(copy.deepcopy(model), "int8_dynamic",
@@ -126,7 +129,8 @@ def main() -> None:
     if arguments.only in (None, "block"):
         block = nn.Sequential(nn.Linear(384, 1536), nn.GELU(), nn.Linear(1536, 384)).eval()
         x = torch.randn(2112, 384)
-        lines += table("MiniLM block, 2112 x 384 -> 1536 -> 384", block, x, block_variants(block), arguments.rounds) + [""]
+        title = "MiniLM block, 2112 x 384 -> 1536 -> 384"
+        lines += table(title, block, x, block_variants(block), arguments.rounds) + [""]
     if arguments.only in (None, "cnn"):
         cnn = nn.Sequential(nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.Conv2d(128, 128, 3, padding=1)).eval()
         x = torch.randn(8, 64, 56, 56)

@@ -76,7 +76,10 @@ def test_refuses_what_it_does_not_take():
     assert gemm.sums(codes(0, 32, torch.int8, 1), packed).shape == (0, 16)
 
 
-@pytest.mark.parametrize("options", [{}, {"act_symmetric": False}, {"act_granularity": "tensor", "act_symmetric": False}])
+TOKEN_AND_TENSOR = [{}, {"act_symmetric": False}, {"act_granularity": "tensor", "act_symmetric": False}]
+
+
+@pytest.mark.parametrize("options", TOKEN_AND_TENSOR)
 def test_dynamic_native_path_matches_the_other_exact_routes(options):
     torch.manual_seed(0)
     module = Int8DynamicLinear.from_float(torch.nn.Linear(200, 70), **options)
