@@ -67,15 +67,13 @@ def _llama():
     return transformers.LlamaForCausalLM(config).eval()
 
 
-@pytest.mark.parametrize("as_dicts", [False, True])
-def test_llama_blocks_run_six_times_per_batch_and_match_the_staged_driver(as_dicts, monkeypatch):
+def test_llama_blocks_run_six_times_per_batch_and_match_the_staged_driver(monkeypatch):
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     model = _llama()
     tokens = [torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(seed)) for seed in range(2)]
-    batches = tokens
-    if as_dicts:  # the second sequence of each batch padded on the right: its padding stays out of H
-        batches = [{"input_ids": ids, "attention_mask": torch.tensor([[1] * 12, [1] * 9 + [0] * 3])} for ids in tokens]
+    # dicts with input_ids and attention_mask; the second sequence padded on the right (out of H)
+    batches = [{"input_ids": ids, "attention_mask": torch.tensor([[1] * 12, [1] * 9 + [0] * 3])} for ids in tokens]
     blockwise, staged, calls = _both_drivers(model, batches, LlamaDecoderLayer, monkeypatch)
     layers = blockwise.model.layers
     # block 0: the capture + 4 stages (q/k/v, o, gate/up, down) + the run that feeds block 1; later blocks 5
@@ -85,10 +83,10 @@ def test_llama_blocks_run_six_times_per_batch_and_match_the_staged_driver(as_dic
     _assert_same_codes(blockwise, staged)
 
 
-def test_llama_kv_cache_is_not_grown_by_calibration():
+def test_llama_token_batches_and_no_stale_kv_cache():
     model = _llama()
-    batches = [torch.randint(0, 96, (1, 8), generator=torch.Generator().manual_seed(seed)) for seed in range(2)]
-    grown = copy.deepcopy(model)  # the model's own default (use_cache=True) through the blockwise driver
+    batches = [torch.randint(0, 96, (2, 8), generator=torch.Generator().manual_seed(seed)) for seed in range(2)]
+    grown = copy.deepcopy(model)  # token tensors [batch, seq], the model's own use_cache=True
     blockwise_gptq(grown, _linears(grown), batches, lambda root, batch: root(batch), _quantize_layer)
     cacheless = copy.deepcopy(model)
     blockwise_gptq(cacheless, _linears(cacheless), batches, call_without_cache, _quantize_layer)
