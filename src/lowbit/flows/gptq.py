@@ -1,6 +1,11 @@
-"""The sequential GPTQ driver: a model's Linear layers rounded by :func:`lowbit.ops.gptq.gptq_quantize` one stage
-at a time, in the order the model calls them, each stage's Hessians taken from inputs that went through the
-layers already quantized (``quantize_(model, Int4WeightOnly(method="gptq", calibration_data=...))``).
+"""The GPTQ drivers: a model's Linear layers rounded by :func:`lowbit.ops.gptq.gptq_quantize` one stage at a
+time, in the order the model calls them, each stage's Hessians taken from inputs that went through the layers
+already quantized (``quantize_(model, Int4WeightOnly(method="gptq", calibration_data=...))``).
+
+:func:`blockwise_gptq` (what the recipe runs) works one repeated block at a time (a causal LM's decoder
+layers, BERT's encoder layers: :mod:`lowbit.flows.blocks`): each block runs on its cached inputs once per
+stage inside it and once more to give the next block its inputs. :func:`sequential_gptq` runs the whole model
+per stage; it does the layers outside the blocks, and everything in a model without such blocks.
 """
 
 from __future__ import annotations
@@ -14,8 +19,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit._model import call_model, replace_module
+from lowbit._model import replace_module
 from lowbit.errors import ConfigError
+from lowbit.flows.blocks import (
+    BlockList,
+    BlocksReached,
+    Capture,
+    blocks_giving,
+    call_without_cache,
+    capture_block_calls,
+    find_blocks,
+    hidden_output,
+    replaced_forwards,
+    stop_at_blocks,
+)
 from lowbit.flows.recipes import Int4WeightOnly
 from lowbit.ops.gptq import HessianAccumulator, gptq_quantize
 from lowbit.ops.int4 import SCALE_DTYPES
@@ -41,7 +58,123 @@ def gptq_modules(root: nn.Module, targets: dict[str, nn.Module], recipe: Int4Wei
         return None
 
     progress = progress or logging.getLogger("lowbit").info
-    return sequential_gptq(root, targets, recipe.calibration_data, call_model, quantize_layer, row_mask, progress)
+    return blockwise_gptq(root, targets, recipe.calibration_data, call_without_cache, quantize_layer, row_mask,
+                          progress)  # fmt: skip
+
+
+# ---- a model, block after block --------------------------------------------------------------------------------
+def blockwise_gptq(root: nn.Module, targets: dict[str, nn.Module], batches: Iterable[Any],
+                   run_batch: Callable[[nn.Module, Any], Any],
+                   quantize_layer: Callable[[str, nn.Module, torch.Tensor], nn.Module],
+                   row_mask: Callable[[Any], torch.Tensor | None] | None = None,
+                   progress: Callable[[str], None] | None = None) -> dict[str, nn.Module]:  # fmt: skip
+    """:func:`sequential_gptq`'s result (the same layers, stages and Hessians), block by block.
+
+    The targets called before the repeated blocks are quantized first (whole-model stages that stop where
+    the blocks begin); then one forward per batch captures every block's arguments
+    (:func:`~lowbit.flows.blocks.capture_block_calls`); then for each block, its stages in call order
+    (:func:`_next_stage` on the block alone: the first batch runs the block whole, later ones stop once the
+    stage is fed) and one run of the quantized block per batch, whose outputs are the next block's inputs;
+    last, the targets after the blocks (a causal LM's head) from forwards whose blocks hand back the last
+    block's outputs at once. A model without repeated blocks, or whose blocks cannot be run alone (see
+    :mod:`lowbit.flows.blocks`), gets :func:`sequential_gptq`. ``progress`` hears of each block.
+    """
+    batches = list(batches)
+    if not batches:
+        raise ConfigError("GPTQ needs calibration batches; calibration_data is empty")
+    say = progress or (lambda message: None)
+    found = find_blocks(root, targets)
+    if found is None:
+        say("GPTQ: no repeated blocks (a ModuleList of same-class modules holding the layers): whole-model stages")
+        return sequential_gptq(root, targets, batches, run_batch, quantize_layer, row_mask, progress)
+    inside = {name for members in found.members for name in members}
+    outside = {name: module for name, module in targets.items() if name not in inside}
+    done: dict[str, nn.Module] = {}
+    try:
+        prefix = _called_before_blocks(root, found.blocks, batches[0], run_batch, outside)
+        if prefix:
+            with replaced_forwards(found.blocks, stop_at_blocks):
+                done.update(sequential_gptq(root, prefix, batches, _until_blocks(run_batch), quantize_layer, row_mask,
+                                            progress))  # fmt: skip
+        suffix = {name: module for name, module in outside.items() if name not in prefix}
+        capture = capture_block_calls(root, found.blocks, batches, run_batch, suffix)
+        if capture.reason is not None:
+            say(f"GPTQ: {found.name}'s blocks cannot run alone ({capture.reason}): whole-model stages")
+            rest = {name: module for name, module in targets.items() if name not in done}
+            done.update(sequential_gptq(root, rest, batches, run_batch, quantize_layer, row_mask, progress))
+            return done
+        masks = [None if row_mask is None else row_mask(batch) for batch in batches]
+        outputs = _gptq_blocks(root, found, capture, masks, quantize_layer, done, say, bool(suffix))
+        if suffix:
+            with blocks_giving(found.blocks, outputs) as select:
+                def run_indexed(model, index):
+                    select(index)
+                    return run_batch(model, batches[index])
+
+                done.update(sequential_gptq(root, suffix, range(len(batches)), run_indexed, quantize_layer,
+                                            lambda index: masks[index], progress))  # fmt: skip
+    except BaseException:
+        for name in done:
+            replace_module(root, name, targets[name])
+        raise
+    return done
+
+
+def _gptq_blocks(root, found: BlockList, capture: Capture, masks: list, quantize_layer, done: dict, say,
+                 keep_last: bool) -> list:  # fmt: skip
+    """Quantize every block's targets stage by stage into ``done``; returns the last block's outputs per batch
+    (when ``keep_last``: the layers after the blocks need them)."""
+    start, hidden, outputs = time.perf_counter(), None, []
+    for index, (block, members) in enumerate(zip(found.blocks, found.members)):
+        calls = [per_batch[index] for per_batch in capture.calls]
+
+        def run_call(module, batch, calls=calls, hidden=hidden):
+            return calls[batch].run(module, None if hidden is None else hidden[batch])
+
+        pending, order = dict(members), _CallOrder()
+        while pending:
+            stage = _next_stage(block, pending, list(range(len(calls))), run_call, lambda batch: masks[batch], order)
+            for name, hessian in stage.items():
+                done[name] = quantize_layer(name, pending.pop(name), hessian)
+                replace_module(root, name, done[name])
+        if index < len(found.blocks) - 1 or keep_last:
+            with torch.no_grad():
+                outputs = [run_call(block, batch) for batch in range(len(calls))]
+            hidden = [hidden_output(output) for output in outputs]
+        say(f"GPTQ block {index + 1}/{len(found.blocks)} ({found.name}.{index}, {len(members)} layers), "
+            f"{time.perf_counter() - start:.0f} s")  # fmt: skip
+    return outputs
+
+
+@torch.no_grad()
+def _called_before_blocks(root, blocks, batch, run_batch, outside: dict[str, nn.Module]) -> dict[str, nn.Module]:
+    """The targets of ``outside`` that one forward of ``batch`` calls before its first block."""
+    called: dict[str, nn.Module] = {}
+
+    def watch(name, module):
+        def hook(hooked, inputs):
+            called.setdefault(name, module)  # returns None: the inputs stay as they are
+
+        return hook
+
+    hooks = [module.register_forward_pre_hook(watch(name, module)) for name, module in outside.items()]
+    try:
+        with replaced_forwards(blocks, stop_at_blocks):
+            _until_blocks(run_batch)(root, batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return called
+
+
+def _until_blocks(run_batch):
+    def run(root, batch):
+        try:
+            return run_batch(root, batch)
+        except BlocksReached:
+            return None
+
+    return run
 
 
 # ---- a model, layer after layer --------------------------------------------------------------------------------
@@ -136,6 +269,7 @@ def _next_stage(root, pending: dict[str, nn.Module], batches: list, run_batch, r
     first: dict[str, Any] = {"input": None, "names": [], "recording": True, "mask": None,  # names: first batch
                              "expected": order.stage(pending)}  # fmt: skip
     calls: dict[str, int] = {}  # per stage layer, its calls in the running batch
+    grams: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # (input, its x x^T, rows) in the running batch
 
     def watch(name):
         def hook(module, inputs):
@@ -151,7 +285,11 @@ def _next_stage(root, pending: dict[str, nn.Module], batches: list, run_batch, r
             if name in first["names"]:  # only this stage's layers pay for an H
                 if name not in accumulators:
                     accumulators[name] = HessianAccumulator(module.in_features, module.weight.device)
-                accumulators[name].add(_kept_rows(inputs[0], first["mask"]))
+                shared = next((entry for entry in grams if entry[0] is inputs[0]), None)
+                if shared is None:  # x x^T once per tensor: query / key / value share it
+                    shared = (inputs[0], *accumulators[name].gram(_kept_rows(inputs[0], first["mask"])))
+                    grams.append(shared)
+                accumulators[name].add_gram(*shared[1:])
                 calls[name] = calls.get(name, 0) + 1
                 if set(calls) == first["expected"] == set(first["names"]) and max(calls.values()) == 1:
                     raise _StageFed
@@ -172,6 +310,7 @@ def _next_stage(root, pending: dict[str, nn.Module], batches: list, run_batch, r
                 first["expected"] = order.stage(pending)
             first["recording"] = not first["names"]
             first["input"] = None  # holds no tensor past its batch
+            grams.clear()
     finally:
         for hook in hooks:
             hook.remove()

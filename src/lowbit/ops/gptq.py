@@ -18,8 +18,9 @@ pushed into the group is part of its range. Codes, scales and zero points have e
 diag(H); the groups then stay the contiguous groups of the stored layout, with their parameters chosen from
 the weights before any update ("static groups").
 
-:func:`lowbit.flows.gptq.sequential_gptq` runs it over a model layer by layer: each layer's H comes from
-inputs that already went through the earlier, quantized layers.
+:func:`lowbit.flows.gptq.blockwise_gptq` runs it over a model block by block (and
+:func:`~lowbit.flows.gptq.sequential_gptq` layer by layer, with whole-model forwards): each layer's H comes
+from inputs that already went through the earlier, quantized layers.
 """
 
 from __future__ import annotations
@@ -57,13 +58,25 @@ class HessianAccumulator:
         return torch.zeros(self.in_features, self.in_features, dtype=torch.float64, device=device)
 
     def add(self, inputs: torch.Tensor) -> None:
+        self.add_gram(*self.gram(inputs))
+
+    def gram(self, inputs: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(sum of x x^T over the rows of ``inputs`` [..., K] in float64 on H's device, the row count): what
+        :meth:`add` adds, computed once for layers fed the same tensor (attention's query / key / value)."""
         if self.sum is None:
             self.sum = self._zeros(inputs.device)
         rows = inputs.detach().reshape(-1, inputs.shape[-1]).to(self.sum.device, torch.float64)  # [M, K]
         if rows.shape[1] != self.sum.shape[0]:
             raise FormatError(f"inputs have {rows.shape[1]} features, the Hessian {self.sum.shape[0]}")
-        self.sum.addmm_(rows.t(), rows)
-        self.rows += rows.shape[0]
+        return rows.t() @ rows, rows.shape[0]  # [K, K]
+
+    def add_gram(self, gram: torch.Tensor, rows: int) -> None:
+        if self.sum is None:
+            self.sum = self._zeros(gram.device)
+        if tuple(gram.shape) != tuple(self.sum.shape):
+            raise FormatError(f"a Gram matrix of shape {tuple(gram.shape)} for a Hessian {tuple(self.sum.shape)}")
+        self.sum += gram.to(self.sum.device)
+        self.rows += rows
 
     def hessian(self) -> torch.Tensor:
         if self.rows == 0 or self.sum is None:
