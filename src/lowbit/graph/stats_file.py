@@ -130,7 +130,7 @@ def load_statistics(path: str | os.PathLike) -> dict[str, Any]:
 def _check_header(path: Path, text: str) -> None:
     """The header line's version and seal (see the module docstring)."""
     first = text.split("\n", 1)[0]
-    if not text.strip() or (len(first) < len(HEADER_MARK) and HEADER_MARK.startswith(first.rstrip("\r"))):
+    if not text.strip() or (len(text) < len(HEADER_MARK) and HEADER_MARK.startswith(text)):
         raise ConfigError(f"statistics file {path} is truncated ({len(text.encode())} bytes): it ends "
                           f"{'before anything' if not text.strip() else 'inside its header line'}")  # fmt: skip
     if not first.startswith(HEADER_MARK):
