@@ -223,16 +223,23 @@ class Affine(FormatSpec):
         pass would move every value by up to a step (a directed mode moves a value a whole step for any change
         of the grid; in float32 the extremes land exactly on the end codes, narrowed they need not). So the
         parameters are re-derived from the narrowed result until they reproduce themselves (at most
-        ``_SETTLE_ROUNDS`` times; in practice once or twice): then the result re-quantizes to itself.
+        ``_SETTLE_ROUNDS`` times; in practice once or twice): then the result re-quantizes to itself. A block
+        whose parameters alternate between two sets (one narrows its extremes outward, the other back onto
+        the block's own extremes) takes the one with the larger scale, whichever set it started from, so a
+        second pass makes the same choice. Longer cycles (seen with 4-bit codes in float8) are not resolved.
         """
         scale, zero_point = self._min_max_parameters(blocked, dims)
-        for _ in range(_SETTLE_ROUNDS if settle is not None else 0):
+        if settle is None:
+            return scale, zero_point
+        before = (scale, zero_point)
+        for _ in range(_SETTLE_ROUNDS):
             narrowed = narrow_toward(self._fake_quantize(blocked, scale, zero_point, None), blocked, settle).float()
             again = self._min_max_parameters(narrowed, dims)
             if torch.equal(again[0], scale) and torch.equal(again[1], zero_point):
-                break
-            scale, zero_point = again
-        return scale, zero_point
+                return scale, zero_point  # every block settled
+            before, (scale, zero_point) = (scale, zero_point), again
+        later = (scale > before[0]) | ((scale == before[0]) & (zero_point >= before[1]))
+        return torch.where(later, scale, before[0]), torch.where(later, zero_point, before[1])
 
     def _min_max_parameters(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         q_min, q_max = self.code_range
