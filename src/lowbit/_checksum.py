@@ -17,7 +17,8 @@ import json
 import os
 from pathlib import Path
 
-from lowbit._io import atomic_write_bytes, atomic_write_text, check_regular_file, read_regular_text, seal_matches, sealed
+from lowbit._io import (atomic_write_bytes, atomic_write_text, check_regular_file, read_regular_text, seal_matches,
+                        sealed)  # fmt: skip
 from lowbit.errors import FormatError
 
 SCHEMA, VERSION, SUFFIX = "lowbit.checksum", 1, ".sha256"

@@ -31,7 +31,8 @@ _BITS = {torch.float16: (torch.int16, 16, False), torch.bfloat16: (torch.int16, 
 
 # Directed rounding narrows in the direction opposite to its own (formats.rounding.DIRECTED_MODES): where a
 # value narrows downward (else upward).
-_NARROWS_DOWN = {"up": lambda v: torch.ones_like(v, dtype=torch.bool), "down": lambda v: torch.zeros_like(v, dtype=torch.bool),
+_NARROWS_DOWN = {"up": lambda v: torch.ones_like(v, dtype=torch.bool),
+                 "down": lambda v: torch.zeros_like(v, dtype=torch.bool),
                  "toward_zero": lambda v: v < 0, "away_from_zero": lambda v: v > 0}  # fmt: skip
 
 

@@ -207,7 +207,8 @@ def test_narrowing_matches_the_enumerated_values(dtype):
     probe = torch.cat([_sample(values).float(), (torch.randn(5000, generator=gen) * values.max().sqrt()).float(),
                        torch.tensor([0.0, -0.0, 1e-30, -1e-30])])  # fmt: skip
     probe = probe[probe.abs() <= values.max()]
-    ends = torch.cat([torch.tensor([-math.inf], dtype=torch.float64), values, torch.tensor([math.inf], dtype=torch.float64)])
+    infinity = torch.tensor([math.inf], dtype=torch.float64)
+    ends = torch.cat([-infinity, values, infinity])
     floor = ends[torch.searchsorted(ends, probe.double(), side="right") - 1]
     ceil = ends[torch.searchsorted(ends, probe.double(), side="left")]
     up_target, down_target = torch.full_like(probe, math.inf), torch.full_like(probe, -math.inf)

@@ -203,9 +203,8 @@ class Affine(FormatSpec):
         return apply_blockwise(x, block, lambda blocked, dims: self._quantize_block(blocked, dims, generator, settle))
 
     def settle_dtype(self, work_dtype: torch.dtype, out_dtype: torch.dtype) -> torch.dtype | None:
-        """The narrower dtype that derived parameters are settled for (``parameters_from_block``): directed
-        modes other than toward_zero (whose pinned scale is settled already) with min-max parameters, on a
-        float32 work tensor whose result is narrowed to float16 / bfloat16 / float8; else None."""
+        """The dtype min-max parameters are settled for (``parameters_from_block``): a narrower ``out_dtype``
+        of a directed mode (toward_zero's pinned scale is settled already) on float32 work; else None."""
         settled = self.rounding in DIRECTED_MODES and not self._pins_scale and self.scale is None
         narrow = work_dtype == torch.float32 and out_dtype not in (torch.float32, torch.float64)
         return out_dtype if settled and narrow else None
@@ -218,15 +217,11 @@ class Affine(FormatSpec):
                               settle: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """(scale, zero_point) per block from min-max statistics (broadcastable over ``blocked``).
 
-        ``settle`` (a narrower dtype the result is narrowed to, ``casting.narrow_toward``):
-        the block's quantized extremes, narrowed, must re-derive the parameters they came from, or a second
-        pass would move every value by up to a step (a directed mode moves a value a whole step for any change
-        of the grid; in float32 the extremes land exactly on the end codes, narrowed they need not). So the
-        parameters are re-derived from the narrowed result until they reproduce themselves (at most
-        ``_SETTLE_ROUNDS`` times; in practice once or twice): then the result re-quantizes to itself. A block
-        whose parameters alternate between two sets (one narrows its extremes outward, the other back onto
-        the block's own extremes) takes the one with the larger scale, whichever set it started from, so a
-        second pass makes the same choice. Longer cycles (seen with 4-bit codes in float8) are not resolved.
+        ``settle``: the narrower dtype a directed result is narrowed to (``casting.narrow_toward``). The narrowed
+        extremes must re-derive the same parameters, or a second pass moves values a step (in float32 they land
+        on the end codes; narrowed they need not), so the parameters are re-derived from the narrowed result
+        until they reproduce themselves (at most ``_SETTLE_ROUNDS`` times). A two-cycle takes the larger scale
+        whichever set it started from, so a second pass chooses the same; longer cycles are not resolved.
         """
         scale, zero_point = self._min_max_parameters(blocked, dims)
         if settle is None:
@@ -397,10 +392,8 @@ class Affine(FormatSpec):
         else:
             block = block_shape(work.shape, self.block_size, self.axis, self.skip_first_dim)
             settle = self.settle_dtype(work.dtype, x.dtype)
-            scale = apply_blockwise(work, block, lambda b, dims: self.parameters_from_block(b, dims, settle)[0].expand_as(b))
-            zero_point = apply_blockwise(
-                work, block, lambda b, dims: self.parameters_from_block(b, dims, settle)[1].expand_as(b)
-            )
+            scale, zero_point = (apply_blockwise(work, block, lambda b, dims, i=i: self.parameters_from_block(
+                b, dims, settle)[i].expand_as(b)) for i in (0, 1))  # fmt: skip
         return AffineParameters(scale.expand_as(work).clone(), zero_point.expand_as(work).clone())
 
     def _fake_quantize(self, x, scale, zero_point, generator) -> torch.Tensor:
