@@ -7,8 +7,8 @@ Each case: (case id, format name, parameters, traits). Traits:
 - "asymmetric_minmax": scale and zero point re-derived from a quantized tensor may differ (the rounded
   zero point can leave the top code unused), so re-quantizing moves values by at most one step instead of
   leaving them bit-identical.
-- "nan_left_out": a per-tensor statistic leaves NaN elements out (not counted as zero, so that the format
-  stays idempotent: its output keeps the NaN), so a NaN acts as if the element were absent.
+- "nan_left_out": a per-tensor statistic (a mean) leaves non-finite elements out (not counted as zero, so that
+  the format stays idempotent: its output keeps the NaN), so a NaN or inf acts as if the element were absent.
 - "scale_recomputed": a scale re-derived from the quantized block's maximum by a rule kept bit for bit from
   its owner (NVFP4's pts = amax / 2688, block FP8's amax / 448) may move a re-quantized value by a few float32
   ulps, instead of leaving it bit-identical.
@@ -58,7 +58,7 @@ for _name in ("mxint8", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", 
 
 # ---- issue 6: calibrated (given) scales of the scaled element and sign formats ------------------------------
 _case("e4m3-given-scale", "e4m3", {"scale": 0.3}, "sign_symmetric", "scalar")
-_case("ternary-given-alpha", "ternary", {"scaling_factor": True, "alpha": 0.75}, "sign_symmetric")
+_case("ternary-given-alpha", "ternary", {"scaling_factor": True, "alpha": 0.75}, "sign_symmetric", "nan_left_out")
 
 # ---- issue 45: the formats LLMs ship in -----------------------------------------------------------------
 _case("nvfp4", "nvfp4", {}, "sign_symmetric", "scale_recomputed")

@@ -17,7 +17,8 @@ import json
 import os
 from pathlib import Path
 
-from lowbit._io import atomic_write_bytes, atomic_write_text, seal_matches, sealed
+from lowbit._io import (atomic_write_bytes, atomic_write_text, check_regular_file, read_regular_text, seal_matches,
+                        sealed)  # fmt: skip
 from lowbit.errors import FormatError
 
 SCHEMA, VERSION, SUFFIX = "lowbit.checksum", 1, ".sha256"
@@ -29,10 +30,15 @@ def sidecar_of(path: str | os.PathLike) -> Path:
 
 
 def digest_file(path: str | os.PathLike) -> str:
+    """SHA-256 (hex) of a regular file (OSError for a device or FIFO: see :func:`lowbit._io.check_regular_file`)."""
     digest = hashlib.sha256()
+    size = check_regular_file(path).st_size
     with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
+        for block in iter(lambda: stream.read(min(1 << 20, size)), b""):  # no further than its size at the stat
             digest.update(block)
+            size -= len(block)
+            if size <= 0:
+                break
     return digest.hexdigest()
 
 
@@ -68,7 +74,7 @@ def _write_sidecar(path: Path, digests: list[str]) -> None:
 def _listed(path: Path) -> list[str]:
     sidecar = sidecar_of(path)
     try:
-        doc = json.loads(sidecar.read_text(encoding="utf-8"))
+        doc = json.loads(read_regular_text(sidecar, limit=1 << 16))
     except (OSError, ValueError, UnicodeDecodeError):
         return []
     digests = doc.get("sha256") if isinstance(doc, dict) and doc.get("schema") == SCHEMA else None
@@ -85,7 +91,11 @@ def verify_sidecar(path: str | os.PathLike) -> bool:
     listed = _listed(path)
     if not listed:
         raise FormatError(f"{sidecar} is damaged (not a lowbit checksum file): cannot check {path}")
-    if digest_file(path) not in listed:
+    try:
+        digest = digest_file(path)
+    except OSError as error:
+        raise FormatError(f"cannot read {path} to check it: {error.strerror or error}") from None
+    if digest not in listed:
         raise FormatError(f"{path} does not match its checksum ({sidecar.name}): the file is corrupt or was changed")
     return True
 

@@ -5,6 +5,8 @@
 - :func:`sealed` / :func:`seal_matches`: a SHA-256 seal over every byte of a file, kept inside it.
 - :func:`atomic_directory`: a folder of several files, built in a temporary sibling folder and swapped in
   with one rename (Linux ``renameat2(RENAME_EXCHANGE)``; elsewhere two renames, see below).
+- :func:`read_regular_file` / :func:`check_regular_file`: what every reader uses: only regular files, opened
+  so that a FIFO cannot block, read no further than the size the file had when opened.
 
 Temporary names are ``.<target name>.lowbit-<pid>-<token>.tmp`` (a new file or folder being built) and
 ``...old`` (a replaced folder waiting to be removed). A writer killed mid-way leaves them behind; the next
@@ -25,6 +27,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import stat
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -237,6 +240,57 @@ def seal_matches(blob: bytes, recorded: object, begin: int = 0, end: int | None 
     if start < 0 or blob.find(token, start + 1, end) >= 0:
         return False
     return seal_of(blob, start) == recorded
+
+
+# ---- reading back ------------------------------------------------------------------------------------------
+# Every file lowbit reads goes through these: a path that names a device (/dev/zero never ends), a FIFO (its
+# open waits for a writer) or a socket is refused before a byte is read, and a read takes at most the size the
+# file had when it was opened. The refusal is an OSError, so each reader's own "cannot read" error names it.
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
+def check_regular_file(path: str | os.PathLike) -> os.stat_result:
+    """``os.stat`` of ``path``; OSError (its strerror says what the path is) unless it is a regular file."""
+    info = os.stat(path)
+    _refuse_irregular(path, info)
+    return info
+
+
+def read_regular_file(path: str | os.PathLike, limit: int | None = None) -> bytes:
+    """The bytes of the regular file ``path``, at most its size when opened (and at most ``limit``).
+
+    Opened non-blocking, so a FIFO without a writer cannot hang the open; anything but a regular file is an
+    OSError before reading, and so is a file larger than ``limit`` (nothing is allocated for it)."""
+    handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        info = os.fstat(handle)
+        _refuse_irregular(path, info)
+        size = info.st_size
+        if limit is not None and size > limit:
+            raise OSError(errno.EFBIG, f"larger than the {limit} bytes such a file may have ({size} bytes)", str(path))
+        chunks, remaining = [], size
+        while remaining > 0:
+            chunk = os.read(handle, min(remaining, 1 << 24))
+            if not chunk:
+                break  # shrank while being read: the reader's own checks see the short content
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(handle)
+
+
+def read_regular_text(path: str | os.PathLike, limit: int | None = None) -> str:
+    """:func:`read_regular_file` decoded as UTF-8 (UnicodeDecodeError for other bytes)."""
+    return read_regular_file(path, limit).decode("utf-8")
+
+
+def _refuse_irregular(path: str | os.PathLike, info: os.stat_result) -> None:
+    if stat.S_ISREG(info.st_mode):
+        return
+    kind = next((name for test, name in _KINDS if test(info.st_mode)), "not a regular file")
+    raise OSError(errno.EINVAL, f"{kind}, not a regular file: lowbit reads only regular files", str(path))
 
 
 # ---- stale temporaries -------------------------------------------------------------------------------------

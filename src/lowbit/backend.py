@@ -136,20 +136,27 @@ def run_without_native(spec: FormatSpec, x: torch.Tensor, generator: torch.Gener
 
 
 def _eager_or_fused(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    if not wants_compiled(spec, x):
+    if not wants_compiled(spec, x) or _narrowed_directed(spec, x):
         return spec._quantize_in_dtype(x, generator)
-    upcast = spec.upcast_before_kernel and x.dtype in (torch.float16, torch.bfloat16)
+    upcast = _upcast(spec, x.dtype)
     dtype = torch.float32 if upcast else x.dtype
     key = (spec, dtype, x.dim(), dtype)
     if get_backend() == "auto" and not _ready_or_counted(key, x):
         return spec._quantize_in_dtype(x, generator)  # eager until the background kernel is ready
     try:
         if upcast:
-            return _narrowed(kernel(*key)(_dynamic(x.float())), x.dtype)
+            wide = x.float()
+            return _narrowed(kernel(*key)(_dynamic(wide)), x.dtype, spec, wide)
         return kernel(*key)(_dynamic(x))
     except Exception as error:  # a missing compiler or an Inductor failure: fall back once, loudly
         _give_up(error)
         return spec._quantize_in_dtype(x, generator)
+
+
+def _narrowed_directed(spec: FormatSpec, x: torch.Tensor) -> bool:
+    """Directed rounding of a half / float8 tensor: eager (its narrowing, ``casting.narrow_toward``, and
+    affine's settled parameters branch on the data; such inputs are rare enough not to need a kernel)."""
+    return spec.narrows_directed and x.dtype not in (torch.float32, torch.float64)
 
 
 def _native_result(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor | None:
@@ -160,12 +167,13 @@ def _native_result(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor | None:
         return None
     if dtype is torch.float32:
         return spec._native(x, dtype)
-    if spec._native_takes_halves():
+    if spec._native_takes_halves() and not spec.narrows_directed:  # the kernels narrow to nearest
         result = spec._native(x, dtype)
         if result is not None:
             return result  # else the kernel takes halves in other layouts only: through float32 below
-    result = spec._native(x.float(), dtype)
-    return None if result is None else _narrowed(result, dtype)
+    wide = x.float()
+    result = spec._native(wide, dtype)
+    return None if result is None else _narrowed(result, dtype, spec, wide)
 
 
 def native_ready() -> bool:
@@ -285,7 +293,7 @@ def build(signature: tuple) -> bool:
 def kernel_signature(spec: FormatSpec, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu",
                      inference: bool = False) -> tuple:  # fmt: skip
     """The signature ``run`` looks up for a tensor of this shape, dtype and device (for warm-up)."""
-    dtype = torch.float32 if spec.upcast_before_kernel and dtype in (torch.float16, torch.bfloat16) else dtype
+    dtype = torch.float32 if _upcast(spec, dtype) else dtype
     return ((spec, dtype, len(shape), dtype), torch.device(device), tuple(shape), inference)
 
 
@@ -341,8 +349,16 @@ def _give_up(error: Exception) -> None:
     )
 
 
-def _narrowed(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``saturating_cast`` of a float32 kernel result: one native pass where the library is loaded."""
+def _upcast(spec: FormatSpec, dtype: torch.dtype) -> bool:
+    """Whether a compiled kernel takes x widened to float32 (and its result is narrowed outside it)."""
+    return spec.upcast_before_kernel and dtype in (torch.float16, torch.bfloat16)
+
+
+def _narrowed(values: torch.Tensor, dtype: torch.dtype, spec: FormatSpec, wide: torch.Tensor) -> torch.Tensor:
+    """A float32 kernel result narrowed as ``FormatSpec._quantize_in_dtype`` narrows: directed rounding against
+    its mode (``FormatSpec.narrowed``), else ``saturating_cast``, one native pass where the library is loaded."""
+    if spec.narrows_directed:
+        return spec.narrowed(values, dtype, wide)
     narrow = native_kernels.narrow(values, dtype)
     return saturating_cast(values, dtype) if narrow is None else narrow
 

@@ -125,7 +125,7 @@ def test_nan_stays_nan_and_counts_as_zero():
 
 
 def test_infinities_become_plus_minus_alpha():
-    x = t([INF, -INF, 1.0, -3.0, 0.0, 0.0])  # delta = 0.75 * 4 / 6 = 0.5, alpha from the finite ones: 2
+    x = t([INF, -INF, 1.0, -3.0, 0.0, 0.0])  # delta = 0.75 * 4 / 4 (finite ones only) = 0.75, alpha: 2
     assert_near(lowbit.quantize(x, "ternary", scaling_factor=True), t([2.0, -2.0, 2.0, -2.0, 0, 0]))
     assert_same(lowbit.quantize(x, "ternary"), t([1.0, -1.0, 1.0, -1.0, 0, 0]))
     only_infinite = lowbit.quantize(t([INF, 0.0]), "ternary", scaling_factor=True)

@@ -35,6 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from lowbit.cli.parser import build_parser
 
         args = build_parser().parse_args(argv)
+        _check_environment()
         with _messages(args):
             return int(args.command_function(args) or 0)
     except KeyboardInterrupt:
@@ -49,6 +50,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # a bug: still one line, the traceback behind --debug
         return _fail(f"internal error {type(error).__name__}: {error} (run with --debug for the traceback)", debug,
                      error, EXIT_FAILURE)  # fmt: skip
+
+
+def _check_environment() -> None:
+    """The environment variables that choose how lowbit computes, checked before any work: a bad value is a
+    configuration error (one line, exit 2) even where the command would not have quantized anything."""
+    if os.environ.get("LOWBIT_BACKEND") is not None:
+        from lowbit.backend import get_backend
+
+        get_backend()  # ConfigError naming the variable, its value and the legal ones
 
 
 def run() -> int:

@@ -83,7 +83,7 @@ def run_formats(args: argparse.Namespace) -> int:
     from lowbit.cli.output import show_table
     from lowbit.formats import get_format, list_formats
 
-    names = [args.name] if args.name else list_formats()
+    names = [args.name] if args.name is not None else list_formats()  # '' is a name, and no format's
     rows = [_format_row(name, get_format(name)) for name in names]
     show_table("Number formats (defaults shown; ranges of the default parameters)", rows)
     return 0

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lowbit._io import read_regular_text
 from lowbit.config.options import ALIAS_TO_NAME, OPTION_BY_NAME, check_option_value
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.nn.config import ConfigWarning
@@ -91,7 +92,7 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
     """Parse a TOML file; ConfigError for a missing file or a syntax error (with its line)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_text(path)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as error:

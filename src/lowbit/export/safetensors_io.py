@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit._io import atomic_write_bytes
+from lowbit._io import atomic_write_bytes, read_regular_file
 from lowbit._io import PLACEHOLDER, seal_matches, seal_of, sealed
 from lowbit.errors import LowbitError
 from lowbit.export._errors import SerializationError
@@ -67,21 +67,47 @@ def _store_entry(name: str, value: Any, tensors: dict[str, torch.Tensor]) -> dic
     if isinstance(value, QTensor):
         parts, entry = value.to_state()
         for local, tensor in parts.items():
-            tensors[f"{name}{SEPARATOR}{local}"] = tensor
+            tensors[f"{name}{SEPARATOR}{local}"] = _storable(f"{name} ({local})", tensor)
         return {**entry, "prefix": f"{name}{SEPARATOR}"}
     if isinstance(value, torch.Tensor):
-        tensors[name] = value
+        tensors[name] = _storable(name, value)
         return {"type": "tensor", "key": name}
     raise SerializationError(
         f"cannot save {name!r} of type {type(value).__name__}: lowbit files hold tensors and QTensors only (no pickle)"
     )
 
 
+# The dtypes a lowbit file holds (the safetensors names load accepts, _ITEMSIZE below).
+_STORABLE_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.float8_e5m2, torch.float8_e4m3fn, torch.int16,
+                              torch.uint16, torch.float16, torch.bfloat16, torch.int32, torch.uint32, torch.float32,
+                              torch.int64, torch.uint64, torch.float64})  # fmt: skip
+
+
+def _storable(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` if a lowbit file can hold its values; SerializationError naming it otherwise (before any
+    byte is written): only dense, materialized tensors of a dtype that load reads back."""
+    problem = None
+    if tensor.is_meta:
+        problem = "is on the meta device: it has no values to save (materialize it first)"
+    elif tensor.layout != torch.strided or tensor.is_nested:
+        layout = "nested" if tensor.is_nested else str(tensor.layout).removeprefix("torch.")
+        problem = f"is a {layout} tensor; lowbit files hold dense tensors (save tensor.to_dense())"
+    elif tensor.is_quantized:
+        problem = "is a torch quantized tensor; save a lowbit QTensor, or its int_repr() and scales"
+    elif tensor.dtype not in _STORABLE_DTYPES:
+        problem = f"has dtype {tensor.dtype}, which lowbit files do not hold"
+    elif type(tensor) not in (torch.Tensor, nn.Parameter, nn.Buffer):
+        problem = f"is a {type(tensor).__name__}, a tensor subclass; save plain tensors"
+    if problem is not None:
+        raise SerializationError(f"cannot save {name!r}: it {problem}")
+    return tensor
+
+
 def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Contiguous CPU tensors; a tensor sharing memory with an earlier one (tied weights) is copied."""
     seen, result = set(), {}
     for name, tensor in tensors.items():
-        tensor = tensor.detach().cpu().contiguous()
+        tensor = tensor.detach().cpu().resolve_neg().contiguous()
         pointer = tensor.untyped_storage().data_ptr() if tensor.numel() else None
         result[name] = tensor.clone() if pointer in seen else tensor
         seen.add(pointer)
@@ -138,7 +164,7 @@ def read_file(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.
     """(validated lowbit header, tensors by key) of a lowbit file."""
     where = str(path)
     try:
-        data = Path(path).read_bytes()
+        data = read_regular_file(path)
     except OSError as error:
         raise SerializationError(f"cannot read {where!r}: {error.strerror or error}") from None
     return parse(data, where)

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from lowbit._checksum import seal_text, text_seal_matches
-from lowbit._io import PLACEHOLDER, atomic_write_text
+from lowbit._io import PLACEHOLDER, atomic_write_text, read_regular_file
 from lowbit._model import run_batches
 from lowbit.errors import ConfigError, LowbitError, did_you_mean
 from lowbit.flows.recipes import granularity_params
@@ -87,7 +87,7 @@ class CalibrationState:
 
 def _read_sealed_state(path: Path) -> dict[str, Any]:
     try:
-        blob = path.read_bytes()
+        blob = read_regular_file(path)
         data = json.loads(blob)
     except (OSError, ValueError) as error:
         raise ConfigError(f"cannot read calibration state {str(path)!r}: {error}") from None

@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 import torch
 
 from lowbit import backend
-from lowbit.casting import saturating_cast
+from lowbit.casting import narrow_toward, saturating_cast
 from lowbit.errors import FormatError, LowbitError, did_you_mean
-from lowbit.formats.rounding import ROUNDING_MODES, canonical_rounding, make_generator
+from lowbit.formats.rounding import DIRECTED_MODES, ROUNDING_MODES, canonical_rounding, make_generator
 from lowbit.formats.ste import straight_through
 
 _NONE_STRINGS = {"na", "none", ""}
@@ -114,7 +114,9 @@ class FormatSpec:
         out_dtype = x.dtype if out_dtype is None else out_dtype
         work = x if x.dtype in (torch.float32, torch.float64) else x.float()
         out = self._quantize_for(work, generator, out_dtype)
-        return out if out.dtype == out_dtype else saturating_cast(out, out_dtype)
+        if out.dtype == out_dtype:
+            return out
+        return self.narrowed(out, out_dtype, work)
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         raise NotImplementedError
@@ -141,6 +143,17 @@ class FormatSpec:
     @property
     def is_stochastic(self) -> bool:
         return self.rounding == "stochastic"
+
+    @property
+    def narrows_directed(self) -> bool:
+        """Directed rounding: a float32 result is narrowed to a half / float8 input's dtype toward the input
+        (``casting.narrow_toward``), so that it keeps its direction and a second pass leaves it."""
+        return self.rounding in DIRECTED_MODES
+
+    def narrowed(self, values: torch.Tensor, dtype: torch.dtype, inputs: torch.Tensor) -> torch.Tensor:
+        """A float32 result of this format cast to ``dtype`` (narrower) by the format's rule (``inputs``: the
+        values it was quantized from, as float32)."""
+        return narrow_toward(values, inputs, dtype) if self.narrows_directed else saturating_cast(values, dtype)
 
     @property
     def bits(self) -> float:

@@ -15,6 +15,7 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
+from lowbit.casting import narrow_toward
 from lowbit.errors import FormatError
 from lowbit.formats._base import (
     SCALE_DTYPES,
@@ -50,6 +51,9 @@ from lowbit.formats.scaling import (
     shorten_scale,
 )
 from lowbit.native import integer as native_integer
+
+
+_SETTLE_ROUNDS = 4  # re-derivations of settled parameters (parameters_from_block)
 
 
 class AffineParameters(NamedTuple):
@@ -176,6 +180,8 @@ class Affine(FormatSpec):
 
     # ---- quantization -------------------------------------------------------------------------------
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
+        if self.settle_dtype(x.dtype, out_dtype) is not None:
+            return None  # parameters settled for a narrower dtype: the eager path (parameters_from_block)
         return native_integer.affine(x, self, block_shape)
 
     def _native_takes_halves(self) -> bool:
@@ -188,12 +194,49 @@ class Affine(FormatSpec):
         block = block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim)
         return apply_blockwise(x, block, lambda blocked, dims: self._quantize_block(blocked, dims, generator))
 
-    def _quantize_block(self, blocked: torch.Tensor, dims: tuple[int, ...], generator) -> torch.Tensor:
-        scale, zero_point = self.parameters_from_block(blocked, dims)
+    def _quantize_for(self, x: torch.Tensor, generator: torch.Generator | None, out_dtype: torch.dtype) -> torch.Tensor:
+        """``_quantize``, with parameters settled for ``out_dtype`` where ``settle_dtype`` says so."""
+        settle = self.settle_dtype(x.dtype, out_dtype)
+        if settle is None:
+            return self._quantize(x, generator)
+        block = block_shape(x.shape, self.block_size, self.axis, self.skip_first_dim)
+        return apply_blockwise(x, block, lambda blocked, dims: self._quantize_block(blocked, dims, generator, settle))
+
+    def settle_dtype(self, work_dtype: torch.dtype, out_dtype: torch.dtype) -> torch.dtype | None:
+        """The dtype min-max parameters are settled for (``parameters_from_block``): a narrower ``out_dtype``
+        of a directed mode (toward_zero's pinned scale is settled already) on float32 work; else None."""
+        settled = self.rounding in DIRECTED_MODES and not self._pins_scale and self.scale is None
+        narrow = work_dtype == torch.float32 and out_dtype not in (torch.float32, torch.float64)
+        return out_dtype if settled and narrow else None
+
+    def _quantize_block(self, blocked: torch.Tensor, dims: tuple[int, ...], generator, settle=None) -> torch.Tensor:
+        scale, zero_point = self.parameters_from_block(blocked, dims, settle)
         return self._fake_quantize(blocked, scale, zero_point, generator)
 
-    def parameters_from_block(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(scale, zero_point) per block from min-max statistics (broadcastable over ``blocked``)."""
+    def parameters_from_block(self, blocked: torch.Tensor, dims: tuple[int, ...],
+                              settle: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """(scale, zero_point) per block from min-max statistics (broadcastable over ``blocked``).
+
+        ``settle``: the narrower dtype a directed result is narrowed to (``casting.narrow_toward``). The narrowed
+        extremes must re-derive the same parameters, or a second pass moves values a step (in float32 they land
+        on the end codes; narrowed they need not), so the parameters are re-derived from the narrowed result
+        until they reproduce themselves (at most ``_SETTLE_ROUNDS`` times). A two-cycle takes the larger scale
+        whichever set it started from, so a second pass chooses the same; longer cycles are not resolved.
+        """
+        scale, zero_point = self._min_max_parameters(blocked, dims)
+        if settle is None:
+            return scale, zero_point
+        before = (scale, zero_point)
+        for _ in range(_SETTLE_ROUNDS):
+            narrowed = narrow_toward(self._fake_quantize(blocked, scale, zero_point, None), blocked, settle).float()
+            again = self._min_max_parameters(narrowed, dims)
+            if torch.equal(again[0], scale) and torch.equal(again[1], zero_point):
+                return scale, zero_point  # every block settled
+            before, (scale, zero_point) = (scale, zero_point), again
+        later = (scale > before[0]) | ((scale == before[0]) & (zero_point >= before[1]))
+        return torch.where(later, scale, before[0]), torch.where(later, zero_point, before[1])
+
+    def _min_max_parameters(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         q_min, q_max = self.code_range
         if self.symmetric and self.full_range_scale:
             # Every code in use: the negative side may reach q_min, the positive side q_max.
@@ -348,10 +391,9 @@ class Affine(FormatSpec):
             scale, zero_point = torch.ones_like(work), torch.zeros_like(work)
         else:
             block = block_shape(work.shape, self.block_size, self.axis, self.skip_first_dim)
-            scale = apply_blockwise(work, block, lambda b, dims: self.parameters_from_block(b, dims)[0].expand_as(b))
-            zero_point = apply_blockwise(
-                work, block, lambda b, dims: self.parameters_from_block(b, dims)[1].expand_as(b)
-            )
+            settle = self.settle_dtype(work.dtype, x.dtype)
+            scale, zero_point = (apply_blockwise(work, block, lambda b, dims, i=i: self.parameters_from_block(
+                b, dims, settle)[i].expand_as(b)) for i in (0, 1))  # fmt: skip
         return AffineParameters(scale.expand_as(work).clone(), zero_point.expand_as(work).clone())
 
     def _fake_quantize(self, x, scale, zero_point, generator) -> torch.Tensor:

@@ -10,8 +10,8 @@
     probability clamp((x / alpha + 1) / 2, 0, 1) (bipolar) or clamp(x / alpha, 0, 1) (unipolar), so
     E[y] = x inside [-alpha, alpha] / [0, alpha]: unbiased. Max = alpha (1 unscaled), no subnormals; zero is
     not representable in bipolar mode (it becomes +alpha). NaN stays NaN; +-inf take their sign's value.
-    NaN elements are left out of alpha (neither summed nor counted: they stay NaN, so q(q(x)) == q(x));
-    +-inf count as 0 in a bipolar alpha and are left out of a unipolar one.
+    Non-finite elements are left out of alpha (neither summed nor counted), so the finite outputs are those
+    of the tensor with them removed; NaN stays NaN and +-inf become the value of their sign.
     A given ``alpha`` (calibrated: one number, or one per index of ``axis``; needs ``scaling_factor``) is
     used as it is, whatever the data: the signs are chosen as above and take the values +-alpha / {0, alpha}.
 
@@ -79,13 +79,14 @@ def masked_mean(magnitude: torch.Tensor, selected: torch.Tensor, dims: tuple[int
 
 
 def mean_abs(blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """mean |x| per block over the elements that are not NaN; +-inf count as 0 (as if the element were zero).
-
-    NaN stays NaN in the output, so it must not count either: counted as 0 it would shrink alpha, and
-    the output (every other element +-alpha) would give a smaller alpha on a second pass.
+    """mean |x| per block over the finite elements: NaN and +-inf are neither summed nor counted, so the
+    finite outputs are those of the block with its non-finite elements removed (docs/formats.md, "Non-finite
+    input"). Counted as 0, a NaN (which stays NaN) would shrink alpha, and the output would give a smaller
+    alpha on a second pass; an inf becomes +-alpha, which a second pass counts at alpha: the same mean.
     """
-    magnitude = torch.where(torch.isfinite(blocked), blocked.abs(), torch.zeros_like(blocked))
-    return masked_mean(magnitude, ~torch.isnan(blocked), dims)
+    finite = torch.isfinite(blocked)
+    magnitude = torch.where(finite, blocked.abs(), torch.zeros_like(blocked))
+    return masked_mean(magnitude, finite, dims)
 
 
 @register

@@ -8,12 +8,14 @@ comes from, in order:
    0.05 |max| ("NA" / None means absent). The magnitude is used because a negative statistic (e.g. a
    weight median of -0.0034) would otherwise make every element +-1, i.e. binary;
 3. when none is given, the tensor itself, TWN-style: delta = 0.75 mean |x| (per tensor, or per index of
-   ``axis``), NaN and +-inf counted as 0.
+   ``axis``) over the finite elements (NaN and +-inf neither summed nor counted).
 
 alpha = mean |x| over the finite elements above delta in each group (TWN's least-squares optimum; exact
 when they are all equal, so re-quantizing is idempotent). Every mean here is the exact mean rounded once to
 float32 (``means.rounded_mean``). Max = alpha (1 unscaled), zero is exact, no
-subnormals. NaN stays NaN; +-inf become +-alpha (+-1 unscaled); an all-zero tensor gives zeros. Works on
+subnormals. NaN stays NaN; +-inf become +-alpha (+-1 unscaled); an all-zero tensor gives zeros. Every
+statistic is over the finite elements only, so the finite outputs are those of the tensor with its NaN and
++-inf removed (a group with no finite element has alpha 0). Works on
 tensors of any rank. Unscaled with a fixed delta >= 1 the map is a threshold, not a rounding: +-1 itself
 falls below delta, so it is not idempotent there.
 

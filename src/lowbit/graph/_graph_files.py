@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lowbit._io import seal_matches
+from lowbit._io import read_regular_file, seal_matches
 from lowbit.graph._serialize import GraphFileError
 
 SCHEMA, VERSION = "lowbit.graph", 2  # 1: graph.json was not sealed; refused
@@ -31,7 +31,7 @@ def read_doc(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise GraphFileError(f"{path} is missing: {path.parent} is not a graph saved by lowbit's save_graph")
     try:
-        blob = path.read_bytes()
+        blob = read_regular_file(path)
         doc = json.loads(blob)
     except OSError as error:
         raise GraphFileError(f"{path} cannot be read: {error.strerror or error}") from None
@@ -55,7 +55,7 @@ def read_doc(path: Path) -> dict[str, Any]:
 
 def read_checked(path: Path, digest: Any) -> bytes:
     try:
-        data = path.read_bytes()
+        data = read_regular_file(path)
     except FileNotFoundError:
         raise GraphFileError(f"{path} is missing (graph.json lists it)") from None
     except OSError as error:

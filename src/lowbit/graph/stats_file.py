@@ -12,7 +12,8 @@ Files lowbit writes begin with one comment line, ``# lowbit.statistics version 1
 versioned header and a SHA-256 over every byte of the file (:func:`lowbit._checksum.seal_text`). Being a
 comment, it leaves the layout MASE reads untouched. A file with the header that does not match it is
 refused (ConfigError naming the file); a file without one (MASE's, or an older lowbit's) loads with a
-warning that it was not verified.
+warning that it was not verified. An empty file, one cut inside the header line (a prefix of it) and an
+unsealed one with no table or key at all are refused as truncated: none of them is a set of statistics.
 
 :func:`stats_to_config` is MASE's ``scripts/stat-to-conf.py`` without its bugs. For every node of a
 quantizable op that has statistics it writes ``passes.quantize.<node>.config``: a ternary config
@@ -45,8 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from lowbit._checksum import seal_text, text_seal_matches
-from lowbit._io import PLACEHOLDER, atomic_write_text
+from lowbit._io import PLACEHOLDER, atomic_write_text, read_regular_text
 from lowbit.errors import ConfigError, LowbitError
+from lowbit.formats import get_format
 from lowbit.nn.config import OP_ROLES, is_none, parse_node_config
 
 NA = "NA"
@@ -113,7 +115,7 @@ def load_statistics(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check a statistics file; ConfigError naming the file, node and key for anything wrong."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")  # bytes as written: the seal covers them exactly
+        text = read_regular_text(path)  # bytes as written: the seal covers them exactly
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"cannot read statistics file {path}: {error}") from None
     _check_header(path, text)
@@ -128,7 +130,13 @@ def load_statistics(path: str | os.PathLike) -> dict[str, Any]:
 def _check_header(path: Path, text: str) -> None:
     """The header line's version and seal (see the module docstring)."""
     first = text.split("\n", 1)[0]
+    if not text.strip() or (len(text) < len(HEADER_MARK) and HEADER_MARK.startswith(text)):
+        raise ConfigError(f"statistics file {path} is truncated ({len(text.encode())} bytes): it ends "
+                          f"{'before anything' if not text.strip() else 'inside its header line'}")  # fmt: skip
     if not first.startswith(HEADER_MARK):
+        if not _tables_in(text):  # MASE's files hold a table per node; text without any is no statistics file
+            raise ConfigError(f"statistics file {path} holds no statistics (no [node] table and no lowbit header): "
+                              "it is truncated or not a statistics file")  # fmt: skip
         logging.getLogger("lowbit").warning(f"statistics file {path} has no lowbit checksum (MASE or an older "
                                             f"lowbit wrote it): not verified")  # fmt: skip
         return
@@ -139,6 +147,12 @@ def _check_header(path: Path, text: str) -> None:
         raise ConfigError(f"statistics file {path} is version {words[1]!r}; this lowbit reads version {STATS_VERSION}")
     if not text_seal_matches(text.encode("utf-8"), words[3]):
         raise ConfigError(f"statistics file {path} does not match its checksum: the file is corrupt or was edited")
+
+
+def _tables_in(text: str) -> bool:
+    """Whether any line of ``text`` opens a TOML table or sets a dotted key (a node's statistics)."""
+    lines = (line.strip() for line in text.splitlines())
+    return any(line.startswith("[") or ("=" in line and not line.startswith("#")) for line in lines)
 
 
 def check_statistics(table: Any, where: str = "statistics") -> None:
@@ -206,6 +220,7 @@ def stats_to_config(stats: Any, base: Mapping[str, Any] | None = None) -> dict[s
     stats = _statistics(stats)
     config = _default_base() if base is None else copy.deepcopy(dict(base))
     quantize = _quantize_table(config)
+    _check_format_names(quantize)
     quantize["by"] = "name"
     template = _template(quantize)
     for node, data in stats.items():
@@ -218,6 +233,8 @@ def stats_to_config(stats: Any, base: Mapping[str, Any] | None = None) -> dict[s
             raise ConfigError(f"stats_to_config: base passes.quantize.{node} must be a table, got {entry!r}")
         node_config = entry.setdefault("config", _for_op(template, op))
         if str(node_config.get("name", "")).lower() != "ternary":
+            if not is_none(node_config.get("name")):  # the base's own format for this node: kept, and checked
+                parse_node_config(op, node_config, where=f"stats_to_config: base passes.quantize.{node}.config")
             continue  # the base gives this node another format (or float): keep it as it is
         for key, value in values.items():
             if key not in node_config or is_none(node_config[key]):
@@ -232,7 +249,7 @@ def stats_to_config_file(stats_path: str | os.PathLike, dest_path: str | os.Path
     base = None
     if base_path is not None:
         try:
-            base = _tomllib().loads(Path(base_path).read_text(encoding="utf-8"))
+            base = _tomllib().loads(read_regular_text(base_path))
         except (OSError, ValueError) as error:
             raise ConfigError(f"cannot read base config {base_path}: {error}") from None
     config = stats_to_config(load_statistics(stats_path), base)
@@ -247,6 +264,21 @@ def _statistics(stats: Any) -> Mapping[str, Any]:
         stats = graph_statistics(stats)
     check_statistics(stats, "stats_to_config")
     return stats
+
+
+def _check_format_names(quantize: Mapping[str, Any]) -> None:
+    """Every format a base's quantize tables name (``name`` / ``<role>_name``) exists: ConfigError naming the
+    table, the key and the nearest format otherwise (a node without statistics is never parsed further)."""
+    for table, entry in quantize.items():
+        node_config = entry.get("config") if isinstance(entry, Mapping) else None
+        if not isinstance(node_config, Mapping):
+            continue
+        for key, value in node_config.items():
+            if (key == "name" or key.endswith("_name")) and not is_none(value):
+                try:
+                    get_format(value if isinstance(value, str) else repr(value))
+                except LowbitError as error:
+                    raise ConfigError(f"stats_to_config: base passes.quantize.{table}.config.{key}: {error}") from None
 
 
 def _default_base() -> dict[str, Any]:

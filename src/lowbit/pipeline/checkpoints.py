@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from lowbit._checksum import digest_file, seal_text, text_seal_matches, verify_sidecar
-from lowbit._io import PLACEHOLDER, atomic_directory, write_file
+from lowbit._io import PLACEHOLDER, atomic_directory, read_regular_file, read_regular_text, write_file
 from lowbit.errors import ConfigError, FormatError, LowbitError
 
 LOAD_TYPES = ("pt", "pl", "lowbit")
@@ -197,7 +197,7 @@ def saved_origin(directory: str | os.PathLike) -> tuple[str | None, str | None]:
     directory = Path(directory)
     for name in ("module.json", RUN_FILE):
         try:
-            doc = json.loads((directory / name).read_text(encoding="utf-8"))
+            doc = json.loads(read_regular_text(directory / name))
         except (OSError, ValueError):
             continue
         if isinstance(doc, dict):
@@ -227,7 +227,7 @@ def _load_module_style(directory: Path) -> nn.Module:
 def _read_module_json(path: Path) -> dict[str, Any]:
     """module.json, its seal checked (saves from before the seal load with a warning)."""
     try:
-        blob = path.read_bytes()
+        blob = read_regular_file(path)
         doc = json.loads(blob)
     except (OSError, ValueError) as error:
         raise ConfigError(f"cannot read {path}: {error}") from None

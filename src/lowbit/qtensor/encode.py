@@ -50,7 +50,8 @@ def encode(
         return QTensor(codes, {}, spec, x.dtype, work.dtype, None, None, storage)
     with torch.no_grad():
         values = spec._quantize_for(work, gen, x.dtype)  # what spec.quantize computes, before the final cast
-        encoded = codec.encode(spec, work, values)
+        dtype = {"out_dtype": x.dtype} if getattr(codec, "takes_out_dtype", False) else {}
+        encoded = codec.encode(spec, work, values, **dtype)
         result = QTensor(encoded.codes, encoded.params, spec, x.dtype, values.dtype, encoded.block, None, storage)
         if x.device.type != "meta":  # meta tensors carry shapes only: no values to check or signs to record
             _check_code_range(spec, codec.code_bits(spec), codec.code_signed(spec), encoded.codes)

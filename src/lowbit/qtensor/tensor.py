@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from lowbit.casting import saturating_cast
+from lowbit.casting import narrow_directed, saturating_cast
 from lowbit.errors import FormatError
 from lowbit.formats._base import FormatSpec
 from lowbit.formats._registry import resolve
@@ -107,7 +107,11 @@ class QTensor:
         if self.codes.numel() == 0:
             return torch.empty(self.shape, dtype=self.dtype, device=self.codes.device)
         values = self.decode_compute()
-        return values if values.dtype == self.dtype else saturating_cast(values, self.dtype)
+        if values.dtype == self.dtype:
+            return values
+        if self.spec.narrows_directed:  # the input is gone: against the mode (equal to quantize but where saturated)
+            return narrow_directed(values, self.dtype, self.spec.rounding)
+        return saturating_cast(values, self.dtype)
 
     def decode_compute(self) -> torch.Tensor:
         """The values in the compute dtype (before the cast to ``dtype``)."""

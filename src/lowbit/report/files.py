@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lowbit._checksum import sidecar_of, sidecar_text, verify_sidecar
-from lowbit._io import atomic_directory, write_file
+from lowbit._io import atomic_directory, read_regular_text, write_file
 from lowbit.errors import ReportError
 
 _NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
@@ -49,8 +49,9 @@ def read_report(path: str | os.PathLike) -> dict[str, Any]:
     if not verify_sidecar(path):
         warnings.warn(f"{path} has no checksum file (report.json.sha256): read unchecked", stacklevel=2)
     try:
-        with open(path, encoding="utf-8") as stream:
-            doc = json.load(stream)
+        doc = json.loads(read_regular_text(path))
+    except OSError as error:
+        raise ReportError(f"cannot read {path}: {error.strerror or error}") from None
     except (ValueError, UnicodeDecodeError) as error:
         raise ReportError(f"{path} is not a readable report.json: {error}") from None
     if not isinstance(doc, dict) or "layers" not in doc or "summary" not in doc:

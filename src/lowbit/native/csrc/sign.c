@@ -132,7 +132,7 @@ int lb_ternary_f32(const float *x, float *out, int64_t outer, int64_t groups, in
         plan.delta[g] = fixed ? threshold : 0.0f;
         plan.value[g] = alpha ? alpha[g] : 1.0f;
     }
-    if (!fixed) plan_add(&plan, STEP_TWN_DELTA, SELECT_NOT_NAN);
+    if (!fixed) plan_add(&plan, STEP_TWN_DELTA, SELECT_FINITE);
     if (scaled && !alpha) plan_add(&plan, STEP_MEAN, SELECT_ABOVE);
     plan.windowed = !fixed && scaled && !alpha && groups == 1;
     return plan_run(&plan, outer, groups, inner, half, threads);
@@ -143,7 +143,7 @@ int lb_ternary_f32(const float *x, float *out, int64_t outer, int64_t groups, in
 int lb_binary_f32(const float *x, float *out, int64_t outer, int64_t groups, int64_t inner, int bipolar,
                   int scaled, const float *alpha, int half, int threads) {
     sign_plan plan;
-    int select = bipolar ? SELECT_NOT_NAN : SELECT_POSITIVE;
+    int select = bipolar ? SELECT_FINITE : SELECT_POSITIVE;
     if (!plan_open(&plan, x, out, groups, inner, bipolar ? ELEMENT_BIPOLAR : ELEMENT_UNIPOLAR)) return 0;
     for (int64_t g = 0; g < groups; g++) plan.value[g] = alpha ? alpha[g] : 1.0f;
     if (scaled && !alpha) plan_add(&plan, STEP_MEAN, select);

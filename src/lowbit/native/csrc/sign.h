@@ -20,9 +20,9 @@ typedef struct {
 /* The element pass over [begin, end) of an element_job (an lb_parallel range function). */
 void lb_sign_element_range(const void *context, int64_t begin, int64_t end);
 
-/* Which elements a mean takes: mean_abs every non-NaN (inf as 0), the unipolar scale the finite positives,
+/* Which elements a mean takes: mean_abs the finite ones (NaN and inf left out), the unipolar scale the finite positives,
  * the ternary scale the finite magnitudes above the group's delta. */
-enum { SELECT_NOT_NAN, SELECT_POSITIVE, SELECT_ABOVE };
+enum { SELECT_FINITE, SELECT_POSITIVE, SELECT_ABOVE };
 
 /* A window around an estimate of TWN's threshold (sign_window.c; per tensor, one group): the pass for mean |x|
  * also sums, per piece, the magnitudes above the window and keeps the ones inside it, so that the mean above

@@ -35,7 +35,7 @@ ALWAYS_INLINE void run_sums_of(const stats_job *job, int select, const float *x,
 ALWAYS_INLINE int32_t element_kept(int32_t raw, int select, int32_t delta, int32_t *selected) {
     int32_t magnitude = raw & 0x7fffffff;
     switch (select) {
-    case SELECT_NOT_NAN: *selected = magnitude <= 0x7f800000; return magnitude < 0x7f800000 ? magnitude : 0;
+    case SELECT_FINITE: *selected = magnitude < 0x7f800000; return *selected ? magnitude : 0;
     case SELECT_POSITIVE: *selected = (raw > 0) & (raw < 0x7f800000); return *selected ? raw : 0;
     default: *selected = (magnitude > delta) & (magnitude < 0x7f800000); return *selected ? magnitude : 0;
     }
@@ -103,7 +103,7 @@ ALWAYS_INLINE void row_block_sums_of(const stats_job *job, int select, const flo
         memcpy(&slot_low, sum + k, sizeof slot_low), memcpy(&slot_high, sum + k + LANES / 2, sizeof slot_high);
         slot_low += chain[0][0] + chain[1][0], slot_high += chain[0][1] + chain[1][1];
         memcpy(sum + k, &slot_low, sizeof slot_low), memcpy(sum + k + LANES / 2, &slot_high, sizeof slot_high);
-        add_counts(count + k, select == SELECT_NOT_NAN ? lanes_of(ROW_BLOCK) - counted : counted); /* NaN lanes */
+        add_counts(count + k, select == SELECT_FINITE ? lanes_of(ROW_BLOCK) - counted : counted); /* non-finite lanes */
     }
     for (int r = 0; r < ROW_BLOCK && k < groups; r++)
         row_sums_of(job, select, x + r * groups + k, groups - k, k, s + k);
@@ -111,7 +111,7 @@ ALWAYS_INLINE void row_block_sums_of(const stats_job *job, int select, const flo
 
 static void stats_row_block(const stats_job *job, const float *x, int64_t s) {
     switch (job->select) {
-    case SELECT_NOT_NAN: row_block_sums_of(job, SELECT_NOT_NAN, x, s); break;
+    case SELECT_FINITE: row_block_sums_of(job, SELECT_FINITE, x, s); break;
     case SELECT_POSITIVE: row_block_sums_of(job, SELECT_POSITIVE, x, s); break;
     default: row_block_sums_of(job, SELECT_ABOVE, x, s); break;
     }
@@ -121,10 +121,10 @@ static void stats_row_block(const stats_job *job, const float *x, int64_t s) {
  * a constant in its copy of the loops). */
 static void stats_run(const stats_job *job, const float *x, int64_t length, int64_t group, int64_t s, int row) {
     switch (row * 4 + job->select) {
-    case SELECT_NOT_NAN: run_sums_of(job, SELECT_NOT_NAN, x, length, group, s); break;
+    case SELECT_FINITE: run_sums_of(job, SELECT_FINITE, x, length, group, s); break;
     case SELECT_POSITIVE: run_sums_of(job, SELECT_POSITIVE, x, length, group, s); break;
     case SELECT_ABOVE: run_sums_of(job, SELECT_ABOVE, x, length, group, s); break;
-    case 4 + SELECT_NOT_NAN: row_sums_of(job, SELECT_NOT_NAN, x, length, group, s); break;
+    case 4 + SELECT_FINITE: row_sums_of(job, SELECT_FINITE, x, length, group, s); break;
     case 4 + SELECT_POSITIVE: row_sums_of(job, SELECT_POSITIVE, x, length, group, s); break;
     default: row_sums_of(job, SELECT_ABOVE, x, length, group, s); break;
     }

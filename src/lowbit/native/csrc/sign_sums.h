@@ -27,13 +27,13 @@ static inline selection selection_of(int select, float delta) {
 }
 
 /* The bits of the magnitude a selection keeps, 0 for an element it leaves out (masked_mean's `kept`), and
- * the lanes it counts: the selected ones, or for SELECT_NOT_NAN the NaN lanes (the run's lanes less these
- * are its count; the bits of a float >= +0 order as the float does). */
+ * the lanes it counts: the selected ones, or for SELECT_FINITE the non-finite lanes (the run's lanes less
+ * these are its count; the bits of a float >= +0 order as the float does). */
 ALWAYS_INLINE lanes_i lanes_kept(const lanes_i *bits, int select, const selection *chosen, lanes_i *counted) {
     lanes_i raw = *bits, magnitude = raw & 0x7fffffff;
-    if (select == SELECT_NOT_NAN) {
-        *counted = magnitude > 0x7f800000;
-        return magnitude & ~(magnitude > 0x7f7fffff);
+    if (select == SELECT_FINITE) {
+        *counted = magnitude > 0x7f7fffff;
+        return magnitude & ~*counted;
     }
     lanes_i value = select == SELECT_POSITIVE ? raw : magnitude;
     *counted = chosen->limit > (lanes_i)((lanes_u)value + (lanes_u)chosen->offset);
@@ -53,8 +53,8 @@ ALWAYS_INLINE void sums_vector(run_sums *a, const lanes_i *bits, int select, con
     const __m512i infinity = _mm512_set1_epi32(0x7f800000);
     __m512i raw = (__m512i)*bits, magnitude = _mm512_and_si512(raw, _mm512_set1_epi32(0x7fffffff)), value = magnitude;
     __mmask16 selected, keep;
-    if (select == SELECT_NOT_NAN) {
-        selected = _mm512_cmple_epi32_mask(magnitude, infinity), keep = _mm512_cmplt_epi32_mask(magnitude, infinity);
+    if (select == SELECT_FINITE) {
+        keep = selected = _mm512_cmplt_epi32_mask(magnitude, infinity);
     } else if (select == SELECT_POSITIVE) {
         value = raw;
         keep = selected = _mm512_mask_cmplt_epi32_mask(_mm512_cmpgt_epi32_mask(raw, _mm512_setzero_si512()), raw, infinity);
@@ -98,10 +98,10 @@ static inline double sums_total(const run_sums *a) {
     return whole;
 }
 
-/* The run's count: its selected lanes, or its `lanes` (padding included) less the NaN ones (SELECT_NOT_NAN). */
+/* The run's count: its selected lanes, or its `lanes` (padding included) less the non-finite ones (SELECT_FINITE). */
 static inline int64_t sums_count(const run_sums *a, int select, int64_t lanes) {
     int64_t counted = lanes_sum_of(a->count);
-    return select == SELECT_NOT_NAN ? lanes - counted : counted;
+    return select == SELECT_FINITE ? lanes - counted : counted;
 }
 #endif
 

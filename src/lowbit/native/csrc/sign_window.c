@@ -46,9 +46,9 @@ static float window_estimate(const float *x, int64_t n) {
     double sum = 0.0;
     for (int64_t i = 0; i < n; i += stride) {
         uint32_t magnitude = lb_bits(x[i]) & 0x7fffffffu;
-        if (magnitude > 0x7f800000u) continue; /* NaN: not counted; inf counts as 0, as in mean |x| */
+        if (magnitude >= 0x7f800000u) continue; /* NaN and inf: left out, as in mean |x| */
         count++;
-        if (magnitude < 0x7f800000u) sum += (double)lb_float(magnitude);
+        sum += (double)lb_float(magnitude);
     }
     return count ? (float)(0.75 * sum / (double)count) : 0.0f;
 }
@@ -89,7 +89,7 @@ typedef struct {
 ALWAYS_INLINE void window_vector(window_sums *a, lanes_i raw, const stats_window *w, float *kept, int second) {
     const __m512i infinity = _mm512_set1_epi32(0x7f800000);
     __m512i magnitude = _mm512_and_si512((__m512i)raw, _mm512_set1_epi32(0x7fffffff));
-    __mmask16 counted = _mm512_cmple_epi32_mask(magnitude, infinity), finite = _mm512_cmplt_epi32_mask(magnitude, infinity);
+    __mmask16 finite = _mm512_cmplt_epi32_mask(magnitude, infinity), counted = finite;
     __mmask16 up = _mm512_mask_cmpgt_epi32_mask(finite, magnitude, _mm512_set1_epi32(w->high)), down = finite & ~up;
     __mmask16 inside = _mm512_mask_cmpgt_epi32_mask(down, magnitude, _mm512_set1_epi32(w->low));
     __m512 v = _mm512_castsi512_ps(magnitude);
@@ -114,7 +114,7 @@ static inline double chains_total(const __m512d *chain) {
 #else
 typedef struct {
     half_d below[4], above[4];
-    lanes_i nan, above_count;
+    lanes_i not_finite, above_count;
     int64_t filled;
 } window_sums;
 
@@ -135,7 +135,7 @@ ALWAYS_INLINE void window_vector(window_sums *a, lanes_i raw, const stats_window
     lanes_f below = (lanes_f)(magnitude & down), above = (lanes_f)(magnitude & up);
     a->below[2 * second] += lanes_low(below), a->below[2 * second + 1] += lanes_high(below);
     a->above[2 * second] += lanes_low(above), a->above[2 * second + 1] += lanes_high(above);
-    a->nan -= magnitude > 0x7f800000, a->above_count -= up; /* compares give -1 */
+    a->not_finite -= ~finite, a->above_count -= up; /* compares give -1 */
     int64_t at = a->filled < w->capacity ? a->filled : w->capacity;
     a->filled += keep_lanes(kept + at, magnitude, inside);
 }
@@ -146,7 +146,7 @@ static inline double chains_total(const half_d *chain) {
     for (int k = 0; k < LANES / 2; k++) whole += total[k];
     return whole;
 }
-#define WINDOW_COUNT(a, lanes) ((lanes) - lanes_sum_of((a)->nan))
+#define WINDOW_COUNT(a, lanes) ((lanes) - lanes_sum_of((a)->not_finite))
 #define WINDOW_ABOVE(a) (lanes_sum_of((a)->above_count))
 #endif
 

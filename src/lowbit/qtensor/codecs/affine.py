@@ -53,7 +53,10 @@ class AffineCodec(Codec):
     def code_signed(self, spec: FormatSpec) -> bool:
         return spec.signed
 
-    def encode(self, spec: FormatSpec, work: torch.Tensor, values: torch.Tensor) -> Encoded:
+    takes_out_dtype = True  # encode's parameters settle as quantization's do (Affine.settle_dtype)
+
+    def encode(self, spec: FormatSpec, work: torch.Tensor, values: torch.Tensor,
+               out_dtype: torch.dtype | None = None) -> Encoded:  # fmt: skip
         check_no_nan(spec, values)
         if spec.scale is not None:  # given: per tensor, or per channel along axis
             block = block_shape(work.shape, None, spec.axis)
@@ -62,7 +65,8 @@ class AffineCodec(Codec):
             scale, zero_point = scale.expand(grid), zero_point.expand(grid)
         else:
             block = block_shape(work.shape, spec.block_size, spec.axis, spec.skip_first_dim)
-            scale, zero_point = block_stat(work, block, spec.parameters_from_block)
+            settle = spec.settle_dtype(work.dtype, out_dtype) if out_dtype is not None else None
+            scale, zero_point = block_stat(work, block, lambda b, dims: spec.parameters_from_block(b, dims, settle))
         steps = torch.round(values / expand_blocks(scale, work.shape, block))
         codes = as_int(steps + expand_blocks(zero_point, work.shape, block))
         # A product past the float range was clamped to +-max: the extreme code decodes to it as well.
