@@ -24,7 +24,8 @@ _LAZY = {"quantize": "lowbit.api", "warmup": "lowbit.api", "get_backend": "lowbi
          "set_backend": "lowbit.backend", "ROUNDING_MODES": "lowbit.formats", "FormatSpec": "lowbit.formats",
          "get_format": "lowbit.formats", "list_formats": "lowbit.formats", "QTensor": "lowbit.qtensor",
          "encode": "lowbit.qtensor", "quantize_": "lowbit.flows", "quantize_model": "lowbit.flows",
-         "save": "lowbit.export", "load": "lowbit.export", "export_onnx": "lowbit.export"}  # fmt: skip
+         "save": "lowbit.export", "load": "lowbit.export", "export_onnx": "lowbit.export",
+         "perplexity": "lowbit.models.causal_lm"}  # fmt: skip
 
 
 def __getattr__(name: str):
@@ -47,4 +48,4 @@ __all__ = [
     "formats", "get_backend", "get_format", "list_formats", "quantize", "set_backend", "warmup", "__version__",
 ]  # fmt: skip
 __all__ += ["QTensor", "encode", "load", "save", "export_onnx"]
-__all__ += ["quantize_", "quantize_model"]
+__all__ += ["quantize_", "quantize_model", "perplexity"]
