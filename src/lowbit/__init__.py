@@ -26,7 +26,7 @@ _LAZY = {"quantize": "lowbit.api", "warmup": "lowbit.api", "get_backend": "lowbi
          "encode": "lowbit.qtensor", "quantize_": "lowbit.flows", "quantize_model": "lowbit.flows",
          "save": "lowbit.export", "load": "lowbit.export", "export_onnx": "lowbit.export",
          "load_gguf": "lowbit.export", "export_gguf": "lowbit.export",
-         "export_compressed_tensors": "lowbit.export"}  # fmt: skip
+         "export_compressed_tensors": "lowbit.export", "perplexity": "lowbit.models.causal_lm"}  # fmt: skip
 
 
 def __getattr__(name: str):
@@ -49,4 +49,4 @@ __all__ = [
     "formats", "get_backend", "get_format", "list_formats", "quantize", "set_backend", "warmup", "__version__",
 ]  # fmt: skip
 __all__ += ["QTensor", "encode", "load", "save", "export_onnx", "load_gguf", "export_gguf", "export_compressed_tensors"]
-__all__ += ["quantize_", "quantize_model"]
+__all__ += ["quantize_", "quantize_model", "perplexity"]

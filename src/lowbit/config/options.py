@@ -31,12 +31,13 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("model", str, None, "built-in model: toy, digits_mlp, digits_cnn, minilm"),
-    Option("dataset", str, None, "built-in dataset: toy_tiny, digits, sentences"),
-    Option("task", str, "classification", "what the model does", ("classification", "cls", "embedding")),
+    Option("model", str, None, "built-in model: toy, digits_mlp, digits_cnn, minilm, smollm2"),
+    Option("dataset", str, None, "built-in dataset: toy_tiny, digits, sentences, wikipedia"),
+    Option("task", str, "classification", "what the model does", ("classification", "cls", "embedding", "language_modeling")),
     Option("load", str, None, "checkpoint to start from", aliases=("load_name",)),
     Option("load_type", str, None, "checkpoint kind (default: from the path)", ("pt", "pl", "lowbit")),
-    Option("batch_size", int, 128, "batch size for training, evaluation and calibration"),
+    Option("batch_size", int, 128, "batch size for training, evaluation and calibration (causal LM: 1 window)"),
+    Option("windows", int, 16, "causal LM: test windows whose perplexity lowbit test reports"),
     Option("max_epochs", int, 20, "training epochs"),
     Option("max_steps", int, -1, "stop training after this many steps (-1: no limit)"),
     Option("learning_rate", float, 1e-3, "optimizer learning rate"),
@@ -80,7 +81,7 @@ def check_option_value(name: str, value: Any, where: str) -> Any:
     if option.choices is not None and converted not in option.choices:
         raise ConfigError(f"{where}: {name} = {value!r} is not one of {', '.join(option.choices)}")
     if option.kind is int and name in ("batch_size", "max_epochs", "num_nodes", "log_every_n_steps",
-                                       "accumulate_grad_batches", "t_max") and converted < 1:
+                                       "accumulate_grad_batches", "t_max", "windows") and converted < 1:
         raise ConfigError(f"{where}: {name} must be at least 1, got {value!r}")
     if name == "devices" and not (converted == "auto" or (converted.isdigit() and int(converted) > 0)):
         raise ConfigError(f"{where}: devices must be a positive count or 'auto', got {value!r}")

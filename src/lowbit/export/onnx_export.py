@@ -114,6 +114,7 @@ def export_onnx(model: nn.Module, example_inputs: Any, path: str | os.PathLike, 
     for name, module in exported.named_modules():
         if isinstance(module, QuantModule) and not module.formats.bypass:
             layers[name or "<root>"] = _prepare(name or "<root>", module)
+    exported = _without_cache(exported)
     dynamic = {0: torch.export.Dim.AUTO} if dynamic_batch else None
     shapes = tuple(dynamic if isinstance(a, torch.Tensor) else None for a in args) if dynamic_batch else None
     try:
@@ -126,6 +127,25 @@ def export_onnx(model: nn.Module, example_inputs: Any, path: str | os.PathLike, 
         raise ExportError(f"torch.onnx.export failed: {type(error).__name__}: {str(error)[:500]}") from error
     atomic_write_bytes(path, program.model_proto.SerializeToString())
     return OnnxExport(str(path), opset, layers)
+
+
+class _LogitsOnly(nn.Module):
+    """A Hugging Face causal LM as ONNX can hold it: logits only, no key-value cache object in the output."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.model(*args, **kwargs, use_cache=False).logits
+
+
+def _without_cache(model: nn.Module) -> nn.Module:
+    """``model`` itself, or, for a Hugging Face model that returns a key-value cache (a causal LM), a wrapper
+    returning its logits: the exporter cannot put a cache object into a graph's outputs."""
+    if getattr(getattr(model, "config", None), "use_cache", None) is None or not hasattr(model, "generate"):
+        return model
+    return _LogitsOnly(model)
 
 
 @contextlib.contextmanager

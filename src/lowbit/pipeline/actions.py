@@ -40,6 +40,8 @@ def prepare(options: Any) -> None:
         raise ConfigError(f"task {options['task']!r} ({options.source('task')}) does not fit dataset {dataset!r}, "
                           f"whose task is {task!r}; leave task out")  # fmt: skip
     options.values.update(model=model, dataset=dataset, task=task, project=options["project"] or f"{model}_{task}_{dataset}")
+    if task == "language_modeling" and options.source("batch_size") == "default":
+        options.values["batch_size"] = 1  # one window of 512 tokens: 128 of them would hold ~12 GB of logits
 
 
 def _check_project_name(project: str | None) -> None:
@@ -49,7 +51,7 @@ def _check_project_name(project: str | None) -> None:
                           f"outputs go)")  # fmt: skip
 
 
-PRETRAINED_MODELS = ("minilm",)  # built with their published weights
+PRETRAINED_MODELS = ("minilm", "smollm2")  # built with their published weights
 
 
 def warn_if_untrained(options: Any) -> None:
@@ -145,7 +147,7 @@ def _is_transformed(model: nn.Module) -> bool:
 def test(options: Any) -> dict[str, Any]:
     from lowbit.pipeline.evaluate import evaluate
 
-    if options["load"] is None and options["task"] != "embedding":
+    if options["load"] is None and options["model"] not in PRETRAINED_MODELS:
         raise ConfigError("lowbit test needs --load: a checkpoint to evaluate (a fresh model would be untrained)")
     model = load_model(options)
     if options["warmup"]:

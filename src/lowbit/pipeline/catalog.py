@@ -7,10 +7,13 @@ toy            ToyNet (seed 002: 4 -> 100 -> 100 -> n) toy_tiny, digits
 digits_mlp     DigitsMLP (64 -> 128 -> 64 -> 10)       digits
 digits_cnn     DigitsCNN (two 3x3 convs, one linear)   digits
 minilm         all-MiniLM-L6-v2 sentence encoder (hf)  sentences
+smollm2        SmolLM2-135M-Instruct causal LM (llm)   wikipedia
 =============  =====================================  ==========================
 
 Classification datasets give (x, label) batches. ``sentences`` gives tokenized batches of the 40 built-in
 sentences (dicts of input_ids / attention_mask); its metric is the cosine of the embeddings to fp32's.
+``wikipedia`` gives windows of ``WINDOW_TOKENS`` tokens of the shortened English Wikipedia dump (dicts of
+input_ids, [batch, WINDOW_TOKENS]), tokenized with the model's tokenizer; its metric is the perplexity.
 """
 
 from __future__ import annotations
@@ -37,9 +40,11 @@ DATASETS = {
     "toy_tiny": DatasetInfo("toy_tiny", (1, 2, 2), 2, "classification"),
     "digits": DatasetInfo("digits", (1, 8, 8), 10, "classification"),
     "sentences": DatasetInfo("sentences", None, None, "embedding"),
+    "wikipedia": DatasetInfo("wikipedia", None, None, "language_modeling"),
 }
 MODEL_DATASETS = {"toy": ("toy_tiny", "digits"), "digits_mlp": ("digits",), "digits_cnn": ("digits",),
-                  "minilm": ("sentences",)}  # fmt: skip
+                  "minilm": ("sentences",), "smollm2": ("wikipedia",)}  # fmt: skip
+WINDOW_TOKENS = 512  # tokens per window of a language-modeling dataset (GPTQ's protocol uses 2048; 512 fits a CPU)
 
 
 def canonical(name: Any, known: Any, what: str) -> str:
@@ -76,6 +81,7 @@ def build_model(model: str, dataset: str) -> nn.Module:
         "digits_mlp": DigitsMLP,
         "digits_cnn": DigitsCNN,
         "minilm": lambda: _minilm()[1],
+        "smollm2": lambda: _smollm2()[1],
     }
     return builders[model]()
 
@@ -84,6 +90,30 @@ def _minilm():
     from lowbit.models.minilm import load_minilm
 
     return load_minilm()
+
+
+def _smollm2():
+    from lowbit.models.smollm2 import load_smollm2
+
+    return load_smollm2()
+
+
+class _TokenWindows(Dataset):
+    """Windows of WINDOW_TOKENS tokens of one wikipedia split, tokenized with SmolLM2's tokenizer: one dict
+    {"input_ids": [WINDOW_TOKENS]} per window."""
+
+    def __init__(self, split: str) -> None:
+        from lowbit.datasets.wikipedia import wikipedia_token_ids
+        from lowbit.models.causal_lm import token_windows
+        from lowbit.models.smollm2 import load_smollm2_tokenizer
+
+        self.windows = token_windows(wikipedia_token_ids(load_smollm2_tokenizer(), split), WINDOW_TOKENS)
+
+    def __len__(self) -> int:
+        return self.windows.shape[0]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.windows[index]}
 
 
 class _Sentences(Dataset):
@@ -109,6 +139,8 @@ def get_split(dataset: str, split: str) -> Dataset:
     dataset = canonical(dataset, DATASETS, "dataset")
     if dataset == "sentences":
         return _Sentences()
+    if dataset == "wikipedia":
+        return _TokenWindows(split)
     from lowbit.datasets import get_dataset
 
     return get_dataset(dataset, split)
@@ -128,5 +160,5 @@ def model_inputs(batch: Any) -> Any:
     return batch
 
 
-__all__ = ["DATASETS", "DatasetInfo", "MODEL_DATASETS", "build_model", "check_pair", "dataset_info",
+__all__ = ["DATASETS", "DatasetInfo", "MODEL_DATASETS", "WINDOW_TOKENS", "build_model", "check_pair", "dataset_info",
            "get_split", "make_loader", "model_inputs"]  # fmt: skip

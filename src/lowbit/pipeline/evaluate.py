@@ -1,5 +1,6 @@
 """Evaluation on a built-in dataset's test split: accuracy and loss for classifiers; for an embedding
-model (MiniLM), the cosine of each sentence embedding to the float model's (mean and min)."""
+model (MiniLM), the cosine of each sentence embedding to the float model's (mean and min); for a causal LM
+(SmolLM2 on wikipedia), the perplexity of the first ``windows`` test windows (:func:`lowbit.perplexity`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from lowbit.pipeline.progress import progress, waiting
 def evaluate(model: nn.Module, options: Any, split: str = "test") -> dict[str, float]:
     if options["task"] == "embedding":
         return _embedding_metrics(model)
+    if options["task"] == "language_modeling":
+        return _language_metrics(model, options, split)
     loader = make_loader(options["dataset"], split, options["batch_size"], num_workers=options["num_workers"])
     was_training = model.training
     model.eval()
@@ -44,6 +47,17 @@ def _embedding_metrics(model: nn.Module) -> dict[str, float]:
         sentences = list(SENTENCES)
         cosine = (embed(model.eval(), tokenizer, sentences) * embed(reference, tokenizer, sentences)).sum(-1)
     return {"mean_cosine": float(cosine.mean()), "min_cosine": float(cosine.min()), "samples": len(sentences)}
+
+
+def _language_metrics(model: nn.Module, options: Any, split: str) -> dict[str, float]:
+    from lowbit.models.causal_lm import perplexity
+    from lowbit.pipeline.catalog import WINDOW_TOKENS, get_split
+
+    windows = get_split(options["dataset"], split).windows  # [n, WINDOW_TOKENS]
+    count = min(options["windows"], windows.shape[0])
+    with waiting(f"perplexity over {count} {split} windows of {WINDOW_TOKENS} tokens", slow=False):
+        value = perplexity(model, windows[:count].reshape(-1), WINDOW_TOKENS, count, batch_size=options["batch_size"])
+    return {"perplexity": value, "windows": count, "tokens_per_window": WINDOW_TOKENS}
 
 
 __all__ = ["evaluate"]
