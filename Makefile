@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m compileall -q src
 	# lowbit's C kernels built now, for this machine, into ~/.cache/lowbit (or $$LOWBIT_CACHE_DIR), so that the
 	# first process after set-up does not build them (35-55 s on 2 cores); without a compiler: eager, as always.
-	$(PY) -c "from lowbit import native; print('lowbit native kernels:', 'built' if native.ensure() else native.error())"
+	# torch is imported first, as in every process that uses lowbit: its OpenMP runtime decides the build's flags.
+	$(PY) -c "import torch; from lowbit import native; print('lowbit native kernels:', 'built' if native.ensure() else native.error())"
 	$(PY) -c "import torch, sys; v = torch.__version__; print('torch', v); sys.exit(0 if v.startswith('2.13.0') else 1)"
 	touch $(STAMP)
 
