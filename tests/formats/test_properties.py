@@ -95,6 +95,13 @@ for _name in ("mxint8", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", 
 for _name in ("q8s", "q4s", "q2s", "q8f", "q4f", "q2f"):
     PARAMETER_SPACES[_name] = _preset()
 PARAMETER_SPACES["fixed"] = PARAMETER_SPACES["integer"]
+# issue 45 / 46: the formats LLMs ship in (their oracles are in test_nvfp4 / test_codebook / test_ggml)
+PARAMETER_SPACES["nvfp4"] = st.fixed_dictionaries({})
+PARAMETER_SPACES["nf4"] = st.fixed_dictionaries({}, optional={"block_size": st.sampled_from([8, 16, 64])})
+PARAMETER_SPACES["codebook"] = st.fixed_dictionaries({"values": st.sampled_from([
+    [-3.0, -1.0, -0.25, 0.25, 1.0, 3.0], [0.0, 0.5, 2.0], [-1.0, -0.5, 0.0, 0.25, 1.0]])})  # fmt: skip
+for _name in ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0"):
+    PARAMETER_SPACES[_name] = st.fixed_dictionaries({})
 
 
 def test_every_registered_class_has_a_parameter_space():
