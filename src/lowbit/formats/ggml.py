@@ -60,7 +60,10 @@ def _half(field: torch.Tensor) -> torch.Tensor:
 
 
 def _inverse(d: torch.Tensor) -> torch.Tensor:
-    return torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
+    """1 / d, and 0 where d is 0 or so small (subnormal) that 1 / d overflows float32: there the float16 d
+    stored is 0 too, and the block decodes to zeros (ggml's x * inf would make NaN codes of finite zeros)."""
+    inverse = 1.0 / d
+    return torch.where((d == 0) | torch.isinf(inverse), torch.zeros_like(d), inverse)
 
 
 def _codes(ggml_type: str, scaled: torch.Tensor, blocks: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
