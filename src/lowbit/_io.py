@@ -45,12 +45,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over ``path``."""
-    target = Path(path)
-    if target.is_dir():
-        raise LowbitError(f"cannot write the file {str(path)!r}: a folder of that name exists")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(target)
-    temporary = _temporary_name(target, "tmp")
+    target, temporary = _file_target(path)
     try:
         write_file(temporary, data)
         _replace(temporary, target)
@@ -61,16 +56,22 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     _fsync_directory(target.parent)
 
 
-@contextlib.contextmanager
-def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
-    """A temporary sibling path for a writer that wants a file name (a library's own writer); once the block
-    ends without an error that file is fsynced and renamed over ``path``, else removed."""
+def _file_target(path: str | os.PathLike) -> tuple[Path, Path]:
+    """(the file to publish, its temporary sibling): refused if a folder has that name; its parent made and
+    stale temporaries of earlier writers removed."""
     target = Path(path)
     if target.is_dir():
         raise LowbitError(f"cannot write the file {str(path)!r}: a folder of that name exists")
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target)
-    temporary = _temporary_name(target, "tmp")
+    return target, _temporary_name(target, "tmp")
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary sibling path for a writer that wants a file name (a library's own writer); once the block
+    ends without an error that file is fsynced and renamed over ``path``, else removed."""
+    target, temporary = _file_target(path)
     try:
         yield temporary
         with open(temporary, "rb+") as stream:
