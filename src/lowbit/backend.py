@@ -114,12 +114,6 @@ def wants_compiled(spec: FormatSpec, x: torch.Tensor) -> bool:
     return not spec.is_stochastic and compiling_allowed(x.numel())
 
 
-def run(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """``spec._quantize_in_dtype(x, generator)`` on the backend in force (x floating point, non-empty)."""
-    result = run_native(spec, x)
-    return result if result is not None else run_without_native(spec, x, generator)
-
-
 def run_native(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor | None:
     """The native kernel's result where one runs under the backend in force, else None. No autograd graph
     is recorded either way (the kernel writes a new tensor)."""
@@ -129,7 +123,7 @@ def run_native(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor | None:
 
 
 def run_without_native(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """``run`` once the native kernel has declined (or was never a candidate)."""
+    """The quantized tensor once the native kernel has declined (or was never a candidate)."""
     result = _eager_or_fused(spec, x, generator)
     native.answered()  # a background build that this call started may start its compilers now
     return result
@@ -292,7 +286,7 @@ def build(signature: tuple) -> bool:
 
 def kernel_signature(spec: FormatSpec, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu",
                      inference: bool = False) -> tuple:  # fmt: skip
-    """The signature ``run`` looks up for a tensor of this shape, dtype and device (for warm-up)."""
+    """The signature the backend looks up for a tensor of this shape, dtype and device (for warm-up)."""
     dtype = torch.float32 if _upcast(spec, dtype) else dtype
     return ((spec, dtype, len(shape), dtype), torch.device(device), tuple(shape), inference)
 
