@@ -55,6 +55,10 @@ class Recipe:
     def check(self) -> None:
         """Validate the fields (ConfigError naming the recipe and the field)."""
 
+    def needs_data(self) -> bool:
+        """Whether these options run calibration batches (``calibration_data``), which the recipe then requires."""
+        return False
+
     def to_dict(self) -> dict[str, Any]:
         """The serialisable fields with the recipe's name under ``"recipe"``."""
         out: dict[str, Any] = {"recipe": self.name}
@@ -81,7 +85,7 @@ def _flag(recipe: str, field: str, value: Any) -> None:
 
 
 def _choice(recipe: str, field: str, value: Any, legal: tuple) -> None:
-    if value not in legal:
+    if not any(type(value) is type(option) and value == option for option in legal):  # 7.0 is not 7, True not 1
         raise ConfigError(f"{recipe}: {field}={value!r}{did_you_mean(str(value), [str(v) for v in legal])}; "
                           f"legal: {', '.join(str(v) for v in legal)}")  # fmt: skip
 
@@ -151,9 +155,12 @@ class Int4WeightOnly(Recipe):
         _positive_int(self.name, "block_size", self.block_size)
         _flag(self.name, "act_order", self.act_order)
         _flag(self.name, "mask_padding", self.mask_padding)
-        if self.method == "gptq" and self.calibration_data is None:
-            raise ConfigError(f"{self.name}: method='gptq' needs calibration_data= (batches the model can run) "
-                              "to build each layer's Hessian")  # fmt: skip
+        if self.needs_data() and self.calibration_data is None:
+            raise ConfigError(f"{self.name}: method={self.method!r} needs calibration_data= (batches the model can "
+                              "run) to build each layer's Hessian")  # fmt: skip
+
+    def needs_data(self) -> bool:
+        return self.method == "gptq"
 
 
 @dataclasses.dataclass
@@ -207,8 +214,11 @@ class W8A8Static(Recipe):
     def check(self) -> None:
         conv_option(self.name, self.include_conv)
         _flag(self.name, "conv_channels_last", self.conv_channels_last)
-        if self.calibration is None and self.calibration_data is None:
+        if self.needs_data() and self.calibration_data is None:
             raise ConfigError(f"{self.name} needs calibration= (lowbit.ptq.calibrate(...)) or calibration_data=")
+
+    def needs_data(self) -> bool:
+        return self.calibration is None
 
 
 @dataclasses.dataclass

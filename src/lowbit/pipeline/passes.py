@@ -157,7 +157,8 @@ def _quantize_model(run: TransformRun, args: dict[str, Any]) -> Any:
     from lowbit.pipeline.quantizing import DEFAULT_BATCHES, needs_data, recipe_call, saved_recipe
 
     recipe, options = recipe_call(args)
-    what = args["recipe"] + (" (GPTQ)" if args.get("method") == "gptq" else "")
+    method = args.get("method", "round")
+    what = args["recipe"] + (f" ({method.upper()})" if isinstance(method, str) and method != "round" else "")
     if needs_data(args):
         count = args.get("num_batches") or DEFAULT_BATCHES
         with waiting(f"reading {count} calibration batches of {run.options['dataset']}", slow=False):

@@ -3,7 +3,7 @@
 ::
 
     [passes.quantize_model]
-    recipe = "int4_weight_only"   # int8_dynamic, int8_weight_only, int4_weight_only, w8a8_static, or a format name
+    recipe = "int4_weight_only"   # a real recipe (flows.recipes.REAL_RECIPES) or a format name
     method = "gptq"               # any option of the recipe, spelled as in Python
     num_batches = 4               # calibration batches taken from the run's dataset (train split)
 
@@ -17,57 +17,65 @@ rebuilt without the data.
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from typing import Any
 
 from torch import nn
 
 from lowbit.errors import ConfigError, did_you_mean
 
-REAL_RECIPES = ("int8_dynamic", "int8_weight_only", "int4_weight_only", "w8a8_static")
 PIPELINE_KEYS = ("recipe", "num_batches")
 RUN_TIME_KEYS = ("calibration_data", "calibration")  # objects, never in a file
 FORMAT_ROLES = ("data_in", "weight", "bias", "data_out")
 DEFAULT_BATCHES = 8
 
-# Options of each real recipe and the type each must have (checked before any work).
-_BOOL, _INT, _NUMBER, _TEXT, _LIST = "true or false", "an integer", "a number", "a string", "a list of strings"
-_BOOL_OR_AUTO = 'true, false or "auto"'
-RECIPE_OPTIONS: dict[str, dict[str, str]] = {
-    "int8_dynamic": {"act_symmetric": _BOOL, "act_granularity": _TEXT, "act_bits": _INT, "include_conv": _BOOL_OR_AUTO,
-                     "conv_channels_last": _BOOL, "skip": _LIST},
-    "int8_weight_only": {"compute_dtype": _TEXT, "skip": _LIST},
-    "int4_weight_only": {"group_size": _INT, "scale_dtype": _TEXT, "search": _BOOL, "compute_dtype": _TEXT,
-                         "method": _TEXT, "damping": _NUMBER, "block_size": _INT, "act_order": _BOOL,
-                         "mask_padding": _BOOL, "skip": _LIST},
-    "w8a8_static": {"include_conv": _BOOL_OR_AUTO, "conv_channels_last": _BOOL, "skip": _LIST},
-}  # fmt: skip
+
+def _file_recipes() -> tuple[str, ...]:
+    """The recipe names a file may give: the real recipes (their modules are saved and loaded by record)."""
+    from lowbit.flows.recipes import REAL_RECIPES
+
+    return REAL_RECIPES
 
 
 def recipe_kind(recipe: Any) -> str:
-    """"real" for the four real recipes, "format" for a format name; ConfigError otherwise."""
+    """"real" for a real recipe's name, "format" for a format name; ConfigError otherwise."""
     from lowbit.formats import list_formats
 
     if not isinstance(recipe, str) or not recipe:
         raise ConfigError(f"[passes.quantize_model] recipe must be a recipe or format name, got {recipe!r}")
-    if recipe in REAL_RECIPES:
+    if recipe in _file_recipes():
         return "real"
     if recipe in list_formats():
         return "format"
-    names = [*REAL_RECIPES, *list_formats()]
+    names = [*_file_recipes(), *list_formats()]
     raise ConfigError(f"[passes.quantize_model] unknown recipe {recipe!r}{did_you_mean(recipe, names)}; recipes: "
-                      f"{', '.join(REAL_RECIPES)}, or a format name (lowbit formats)")  # fmt: skip
+                      f"{', '.join(_file_recipes())}, or a format name (lowbit formats)")  # fmt: skip
+
+
+def _fields(recipe: str) -> list[str]:
+    """The fields of the recipe dataclass a table of this recipe builds."""
+    from lowbit.flows.recipes import RECIPES, FormatRecipe
+
+    cls = RECIPES[recipe] if recipe_kind(recipe) == "real" else FormatRecipe
+    return [field.name for field in dataclasses.fields(cls)]
+
+
+def _options(recipe: str) -> list[str]:
+    """The keys a table of this recipe may hold: its fields less those a file cannot hold (calibration
+    objects; a format recipe's format, which the recipe key names)."""
+    return [name for name in _fields(recipe) if name not in RUN_TIME_KEYS and name != "format"]
 
 
 def check_quantize_model(args: dict[str, Any]) -> None:
-    """Every key and value type of the table, before any pass runs."""
+    """Every key of the table, before any pass runs; the values are checked by the typed recipe itself, the
+    one validation that Python calls go through too."""
     where = "[passes.quantize_model]"
     if "recipe" not in args:
-        raise ConfigError(f"{where} needs recipe = \"...\" ({', '.join(REAL_RECIPES)}, or a format name)")
+        raise ConfigError(f"{where} needs recipe = \"...\" ({', '.join(_file_recipes())}, or a format name)")
     kind = recipe_kind(args["recipe"])
     _check_batches(args.get("num_batches"), where)
-    valid = RECIPE_OPTIONS[args["recipe"]] if kind == "real" else {"params": "a table", "roles": _LIST}
-    for key, value in args.items():
+    valid = _options(args["recipe"])
+    for key in args:
         if key in PIPELINE_KEYS:
             continue
         if key in RUN_TIME_KEYS:
@@ -76,28 +84,9 @@ def check_quantize_model(args: dict[str, Any]) -> None:
             names = [*PIPELINE_KEYS, *valid]
             raise ConfigError(f"{where} recipe {args['recipe']!r}: unknown key {key!r}{did_you_mean(key, names)}; "
                               f"valid keys: {', '.join(names)}")  # fmt: skip
-        _check_type(where, key, value, valid[key])
     if kind == "format":
         _check_roles(args)
-    if args.get("method", "round") not in ("round", "gptq"):
-        raise ConfigError(f"{where} method = {args['method']!r}{did_you_mean(str(args['method']), ['round', 'gptq'])}; "
-                          "legal: round, gptq")  # fmt: skip
-    _check_with_typed_recipe(args)
-
-
-def _check_with_typed_recipe(args: dict[str, Any]) -> None:
-    """The typed recipe's own checks (legal values), with a stand-in for the calibration data."""
-    try:
-        from lowbit.flows.recipes import make_recipe
-    except ImportError:  # an older lowbit: the recipe checks its options when it runs
-        return
-    recipe, options = recipe_call(args)
-    if needs_data(args):
-        options["calibration_data"] = ()
-    try:
-        make_recipe(recipe, **options)
-    except ConfigError as error:
-        raise ConfigError(f"[passes.quantize_model] {error}") from None
+    needs_data(args)
 
 
 def _check_batches(value: Any, where: str) -> None:
@@ -105,26 +94,21 @@ def _check_batches(value: Any, where: str) -> None:
         raise ConfigError(f"{where} num_batches must be a positive integer, got {value!r}")
 
 
-def _check_type(where: str, key: str, value: Any, kind: str) -> None:
-    ok = {
-        _BOOL: lambda v: isinstance(v, bool),
-        _BOOL_OR_AUTO: lambda v: isinstance(v, bool) or v == "auto",
-        _INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
-        _NUMBER: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-        _TEXT: lambda v: isinstance(v, str) or v is None,
-        _LIST: lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(i, str) for i in v)),
-        "a table": lambda v: isinstance(v, dict),
-    }[kind]
-    if not ok(value):
-        raise ConfigError(f"{where} {key} must be {kind}, got {value!r}")
-
-
 def needs_data(args: dict[str, Any]) -> bool:
-    """Whether the recipe runs calibration batches (GPTQ, w8a8_static, or num_batches given)."""
-    recipe = args["recipe"]
-    if recipe == "w8a8_static" or (recipe == "int4_weight_only" and args.get("method") == "gptq"):
-        return True
-    return recipe == "int4_weight_only" and args.get("num_batches") is not None
+    """Whether the pass gives the recipe calibration batches: the recipe runs them (GPTQ, w8a8_static, ...), or
+    num_batches is given to a recipe that takes them. Builds the typed recipe (with a stand-in for the data),
+    so a bad value is the recipe's own one-line ConfigError."""
+    from lowbit.flows.recipes import make_recipe
+
+    recipe, options = recipe_call(args)
+    takes_data = "calibration_data" in _fields(recipe)
+    if takes_data:
+        options["calibration_data"] = ()
+    try:
+        built = make_recipe(recipe, **options)
+    except ConfigError as error:
+        raise ConfigError(f"[passes.quantize_model] {error}") from None
+    return takes_data and (built.needs_data() or args.get("num_batches") is not None)
 
 
 def recipe_call(args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -153,12 +137,12 @@ def rebuild_structure(model: nn.Module, recipe: dict[str, Any]) -> nn.Module:
     layers a saved file's tensors then load into. Real modules are rebuilt by ``lowbit.load`` itself."""
     if recipe_kind(recipe["recipe"]) != "format":
         return model
-    import lowbit
+    from lowbit.flows import quantize_model
 
     name, options = recipe_call(recipe)
-    model, _ = lowbit.quantize_model(model, name, **options)
+    model, _ = quantize_model(model, name, **options)
     return model
 
 
-__all__ = ["REAL_RECIPES", "check_quantize_model", "needs_data", "rebuild_structure", "recipe_call", "recipe_kind",
+__all__ = ["check_quantize_model", "needs_data", "rebuild_structure", "recipe_call", "recipe_kind",
            "saved_recipe"]  # fmt: skip
