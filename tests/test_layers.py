@@ -185,4 +185,28 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130_or_the_finished_answer():
         stdout, stderr = process.communicate(timeout=120)
         interrupted = (process.returncode, stderr.strip()) == (130, "lowbit: interrupted")
         finished = process.returncode == 0 and stderr.strip() == "" and "integer" in stdout
-        assert interrupted or finished, (delay, process.returncode, stderr[-2000:])
+        assert interrupted or finished or _before_lowbit_ran(process.returncode, stderr), \
+            (delay, process.returncode, stderr[-2000:])
+
+
+def _before_lowbit_ran(status: int, stderr: str) -> bool:
+    """A Ctrl-C that reached the interpreter before ``python -m lowbit`` ran a line of lowbit's entry point
+    (interpreter start-up, runpy finding the package: 0.2 s is not enough for that on a loaded machine) ends
+    the way Python ends any program there, which no program can change: killed by SIGINT after a traceback
+    with no frame of lowbit's command."""
+    frames = [line for line in stderr.splitlines() if line.strip().startswith("File ")]
+    return status == -2 and stderr.rstrip().endswith("KeyboardInterrupt") and \
+        not any("lowbit" in frame and "frozen" not in frame for frame in frames)
+
+
+def test_no_bare_import_of_the_package_below_its_root():
+    """``import lowbit`` inside the package reaches every lazy attribute and hides the arrow from the floor test
+    above: a module imports the module it uses."""
+    bare = []
+    for path in sorted(SOURCE.rglob("*.py")):
+        if path.parent == SOURCE and path.name in ("__init__.py", "__main__.py"):
+            continue
+        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import) and any(alias.name == "lowbit" for alias in node.names):
+                bare.append(f"{path.relative_to(SOURCE)}:{node.lineno}")
+    assert not bare, "bare 'import lowbit' below the package root:\n" + "\n".join(bare)

@@ -155,7 +155,7 @@ def save_lowbit(model: nn.Module, directory: str | os.PathLike, *, model_name: s
 
 def _save_version_2(model: nn.Module, directory: Path, model_name: str, dataset: str | None, quantize_args: Any,
                     recipe: Any) -> list[Path]:  # fmt: skip
-    import lowbit
+    from lowbit.export import save
     from lowbit.pipeline.progress import waiting
 
     doc = {"schema": MODULE_SCHEMA, "version": 2, "model": model_name, "dataset": dataset, "quantize": quantize_args,
@@ -164,7 +164,7 @@ def _save_version_2(model: nn.Module, directory: Path, model_name: str, dataset:
     text = _sealed_json(doc)  # the weights file seals itself (lowbit.save)
     with waiting(f"saving {directory}", slow=False), \
             atomic_directory(directory, owned=MODULE_OWNED, last=MODULE_FILE) as building:  # fmt: skip
-        lowbit.save(model, building / WEIGHTS_FILE)
+        save(model, building / WEIGHTS_FILE)
         write_file(building / MODULE_FILE, text.encode())
     return [directory / WEIGHTS_FILE, directory / MODULE_FILE]
 
@@ -242,7 +242,7 @@ def _read_module_json(path: Path) -> dict[str, Any]:
 
 
 def _load_version_2(model: nn.Module, directory: Path, doc: dict[str, Any]) -> nn.Module:
-    import lowbit
+    from lowbit.export import load
     from lowbit.pipeline.quantizing import rebuild_structure
 
     if isinstance(doc.get("quantize_model"), dict):
@@ -251,7 +251,7 @@ def _load_version_2(model: nn.Module, directory: Path, doc: dict[str, Any]) -> n
     if not path.is_file():
         raise ConfigError(f"{directory} has no {path.name}: the checkpoint is incomplete")
     try:
-        return lowbit.load(path, model=model)
+        return load(path, model=model)
     except LowbitError as error:
         raise ConfigError(f"cannot load {path}: {error}") from None
 

@@ -152,7 +152,7 @@ def _weight_only(run: TransformRun, args: dict[str, Any]) -> Any:
 
 
 def _quantize_model(run: TransformRun, args: dict[str, Any]) -> Any:
-    import lowbit
+    from lowbit.flows import quantize_model
     from lowbit.pipeline.progress import note, waiting
     from lowbit.pipeline.quantizing import DEFAULT_BATCHES, needs_data, recipe_call, saved_recipe
 
@@ -165,7 +165,7 @@ def _quantize_model(run: TransformRun, args: dict[str, Any]) -> Any:
             options["calibration_data"] = run.inputs("train", count)
     large = sum(p.numel() for p in run.module.parameters()) > 5_000_000  # MiniLM: seconds even without data
     with waiting(f"quantize_model: {what}", slow=needs_data(args) or large):
-        _, info = lowbit.quantize_model(run.module, recipe, **options)
+        _, info = quantize_model(run.module, recipe, **options)
     for reason, count in Counter((info.get("kept") or {}).values()).items():  # one line per reason (-q hides them)
         note(f"quantize_model: {count} layer{'s' if count > 1 else ''} {reason}")
     if info.get("note"):

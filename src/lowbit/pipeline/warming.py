@@ -18,7 +18,7 @@ from lowbit.pipeline.progress import note, waiting
 
 def warm_up(model: nn.Module, batch: Any) -> int:
     """Compile the kernels ``model``'s quantized modules need for inputs like ``batch``; returns how many."""
-    import lowbit
+    from lowbit.api import warmup
 
     jobs = _format_shapes(model, batch)
     if not jobs:
@@ -27,26 +27,26 @@ def warm_up(model: nn.Module, batch: Any) -> int:
     ready = 0
     with waiting(f"warm-up: compiling quantizer kernels for {len(jobs)} format(s)"):
         for spec, shapes in jobs.values():
-            ready += lowbit.warmup(spec, shapes, inference=True, progress=lambda line: note(line.removeprefix("lowbit ")))
+            ready += warmup(spec, shapes, inference=True, progress=lambda line: note(line.removeprefix("lowbit ")))
     return ready
 
 
 def _format_shapes(model: nn.Module, batch: Any) -> dict[str, tuple[Any, list[tuple[int, ...]]]]:
-    import lowbit
+    from lowbit.backend import get_backend, set_backend
     from lowbit.nn.modules import QuantModule
     from lowbit.pipeline.catalog import model_inputs
 
     modules = {name: module for name, module in model.named_modules() if isinstance(module, QuantModule)}
     input_shapes: dict[str, tuple[int, ...]] = {}
     hooks = [module.register_forward_pre_hook(_recorder(name, input_shapes)) for name, module in modules.items()]
-    previous = lowbit.get_backend()
-    lowbit.set_backend("eager")
+    previous = get_backend()
+    set_backend("eager")
     try:
         with torch.no_grad():
             inputs = model_inputs(batch)
             model(**inputs) if isinstance(inputs, dict) else model(inputs)
     finally:
-        lowbit.set_backend(previous)
+        set_backend(previous)
         for hook in hooks:
             hook.remove()
     jobs: dict[str, tuple[Any, list[tuple[int, ...]]]] = {}
