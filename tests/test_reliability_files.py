@@ -48,6 +48,8 @@ def _readers(path: Path) -> dict:
     from lowbit.flows.ptq import CalibrationState
     from lowbit.graph._graph_files import read_doc
     from lowbit.pipeline.checkpoints import _read_module_json
+    from lowbit.pipeline.checkpoints import _read_state as load_checkpoint_state
+    from lowbit.train.fit import _check_resumable
 
     return {
         "lowbit.load": lambda: lowbit.load(path),
@@ -58,6 +60,8 @@ def _readers(path: Path) -> dict:
         "module.json": lambda: _read_module_json(path),
         "calibration state": lambda: CalibrationState.load(path),
         "sidecar check": lambda: verify_sidecar(path),
+        "checkpoint": lambda: load_checkpoint_state(path),
+        "resumed checkpoint": lambda: _check_resumable(torch.nn.Linear(2, 2), path),
     }
 
 

@@ -8,6 +8,7 @@ then ``transformed_ckpt/``), ``test/metrics.json``.
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit._io import atomic_write_text
+from lowbit._io import atomic_write_text, read_regular_file
 from lowbit.config.toml_config import RunConfig
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.pipeline.catalog import build_model, check_pair, dataset_info, make_loader, model_inputs
@@ -90,7 +91,7 @@ def train(options: Any, low_precision_optimizer: dict[str, Any] | None = None) -
     if not result.is_global_zero:
         return summary
     if result.best is not None:  # evaluate (and, for QAT, save) the best weights
-        state = torch.load(result.best, map_location="cpu", weights_only=True)["state_dict"]
+        state = torch.load(io.BytesIO(read_regular_file(result.best)), map_location="cpu", weights_only=True)["state_dict"]
         result.module.load_state_dict(state)
     trained = result.module.model
     summary["metrics"] = {f"val_{k}": v for k, v in evaluate(trained, options, "validation").items()}

@@ -14,6 +14,7 @@ Load types (``--load-type``; by default inferred from the path):
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -81,7 +82,7 @@ def _read_state(path: Path) -> dict[str, Any]:
             from safetensors.torch import load_file
 
             return dict(load_file(str(path)))
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(read_regular_file(path)), map_location="cpu", weights_only=True)  # no FIFO hang
     except Exception as error:  # corrupt, truncated, or holding objects that weights_only refuses
         first_line = (str(error).strip().splitlines() or ["(no message)"])[0]
         raise ConfigError(f"cannot read checkpoint {path}: {type(error).__name__}: {first_line}") from None

@@ -15,6 +15,7 @@ optimizer, schedule, the best score so far, the data order and the RNG states) o
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import warnings
@@ -24,10 +25,10 @@ from typing import Any
 
 from torch import nn
 
+from lowbit._io import read_regular_file
+from lowbit.errors import ConfigError
 from lowbit.train.run_folder import is_launched_worker, prepare_run_folder
 from lowbit.train.workers import bind_to_launcher, check_devices, mark_launcher
-
-from lowbit.errors import ConfigError
 
 
 @dataclass
@@ -108,7 +109,7 @@ def _check_resumable(module: nn.Module, path: Path) -> None:
     import torch
 
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True).get("state_dict", {})
+        state = torch.load(io.BytesIO(read_regular_file(path)), map_location="cpu", weights_only=True).get("state_dict", {})
     except Exception as error:  # unreadable although its checksum held (or it has none)
         raise ConfigError(f"cannot read {path} to resume: {type(error).__name__}: {error}") from None
     own = module.state_dict()
