@@ -16,6 +16,9 @@
 
 #if defined(__AVX2__)
 #include <immintrin.h>
+#define LB_TILE_WRITES_OUT 1 /* the vector tile writes whole tiles to out itself */
+#else
+#define LB_TILE_WRITES_OUT 0
 #endif
 
 #define PANEL 16       /* output columns per packed panel */
@@ -55,8 +58,11 @@ static inline void put(int32_t *out, int64_t stride, const int32_t *tile, int ro
 }
 
 #if defined(__AVX2__)
-/* MICRO_ROWS rows of a (int16, row stride lda, pairs read as one int32) against one panel chunk. */
-static void tile(const int16_t *a, int64_t lda, const int16_t *b, int64_t pairs, int32_t *tile_sums) {
+/* MICRO_ROWS rows of a (int16, row stride lda, pairs read as one int32) against one panel chunk: into out
+ * (row stride `stride`; stored when `first`, else added) when out is given (a whole 6 x 16 tile), else into
+ * tile_sums for the caller to put. */
+static void tile(const int16_t *a, int64_t lda, const int16_t *b, int64_t pairs, int32_t *tile_sums, int32_t *out,
+                 int64_t stride, int first) {
     __m256i s00 = _mm256_setzero_si256(), s01 = s00, s10 = s00, s11 = s00, s20 = s00, s21 = s00;
     __m256i s30 = s00, s31 = s00, s40 = s00, s41 = s00, s50 = s00, s51 = s00;
     const int16_t *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda, *a3 = a + 3 * lda, *a4 = a + 4 * lda, *a5 = a + 5 * lda;
@@ -72,6 +78,16 @@ static void tile(const int16_t *a, int64_t lda, const int16_t *b, int64_t pairs,
         LB_ROW(0) LB_ROW(1) LB_ROW(2) LB_ROW(3) LB_ROW(4) LB_ROW(5)
 #undef LB_ROW
     }
+    if (out) { /* a whole tile: the sums go straight from the registers to out (stored, or added to it) */
+#define LB_PUT(R) \
+        { __m256i *o0 = (__m256i *)(out + R * stride), *o1 = (__m256i *)(out + R * stride + 8); \
+          if (first) { _mm256_storeu_si256(o0, s##R##0); _mm256_storeu_si256(o1, s##R##1); } \
+          else { _mm256_storeu_si256(o0, _mm256_add_epi32(_mm256_loadu_si256(o0), s##R##0)); \
+                 _mm256_storeu_si256(o1, _mm256_add_epi32(_mm256_loadu_si256(o1), s##R##1)); } }
+        LB_PUT(0) LB_PUT(1) LB_PUT(2) LB_PUT(3) LB_PUT(4) LB_PUT(5)
+#undef LB_PUT
+        return;
+    }
     __m256i *t = (__m256i *)tile_sums; /* 32-byte aligned by the caller */
     _mm256_store_si256(t + 0, s00); _mm256_store_si256(t + 1, s01); _mm256_store_si256(t + 2, s10);
     _mm256_store_si256(t + 3, s11); _mm256_store_si256(t + 4, s20); _mm256_store_si256(t + 5, s21);
@@ -79,8 +95,11 @@ static void tile(const int16_t *a, int64_t lda, const int16_t *b, int64_t pairs,
     _mm256_store_si256(t + 9, s41); _mm256_store_si256(t + 10, s50); _mm256_store_si256(t + 11, s51);
 }
 #else
-/* The same sums in portable C (targets without AVX2): products of int16 codes summed in int32. */
-static void tile(const int16_t *a, int64_t lda, const int16_t *b, int64_t pairs, int32_t *tile_sums) {
+/* The same sums in portable C (targets without AVX2): products of int16 codes summed in int32, always into
+ * tile_sums (out is for the vector path). */
+static void tile(const int16_t *a, int64_t lda, const int16_t *b, int64_t pairs, int32_t *tile_sums, int32_t *out,
+                 int64_t stride, int first) {
+    (void)out; (void)stride; (void)first;
     for (int r = 0; r < MICRO_ROWS; r++) {
         int32_t sums[PANEL] = {0};
         for (int64_t p = 0; p < pairs; p++) {
@@ -129,9 +148,11 @@ static void unit(const gemm_job *job, int16_t *block, int64_t index) {
             const int64_t n0 = panel * PANEL;
             const int columns = (int)(job->columns - n0 < PANEL ? job->columns - n0 : PANEL);
             for (int64_t m = 0; m < block_rows; m += MICRO_ROWS) {
-                tile(block + m * lda + 2 * p0, lda, b, chunk, tile_sums);
                 const int rows = (int)(block_rows - m < MICRO_ROWS ? block_rows - m : MICRO_ROWS);
-                put(job->out + (m0 + m) * job->columns + n0, job->columns, tile_sums, rows, columns, p0 == 0);
+                int32_t *out = job->out + (m0 + m) * job->columns + n0;
+                const int whole = rows == MICRO_ROWS && columns == PANEL;
+                tile(block + m * lda + 2 * p0, lda, b, chunk, tile_sums, whole ? out : NULL, job->columns, p0 == 0);
+                if (!whole || !LB_TILE_WRITES_OUT) put(out, job->columns, tile_sums, rows, columns, p0 == 0);
             }
         }
     }
