@@ -29,6 +29,7 @@ PIPELINE_KEYS = ("recipe", "num_batches")
 RUN_TIME_KEYS = ("calibration_data", "calibration")  # objects, never in a file
 FORMAT_ROLES = ("data_in", "weight", "bias", "data_out")
 DEFAULT_BATCHES = 8
+INT4_METHODS = ("round", "gptq", "hqq")  # Int4WeightOnly.method's legal values (lowbit.flows.recipes)
 
 # Options of each real recipe and the type each must have (checked before any work).
 _BOOL, _INT, _NUMBER, _TEXT, _LIST = "true or false", "an integer", "a number", "a string", "a list of strings"
@@ -39,7 +40,7 @@ RECIPE_OPTIONS: dict[str, dict[str, str]] = {
     "int8_weight_only": {"compute_dtype": _TEXT, "skip": _LIST},
     "int4_weight_only": {"group_size": _INT, "scale_dtype": _TEXT, "search": _BOOL, "compute_dtype": _TEXT,
                          "method": _TEXT, "damping": _NUMBER, "block_size": _INT, "act_order": _BOOL,
-                         "mask_padding": _BOOL, "skip": _LIST},
+                         "mask_padding": _BOOL, "hqq_iterations": _INT, "skip": _LIST},
     "w8a8_static": {"include_conv": _BOOL_OR_AUTO, "conv_channels_last": _BOOL, "skip": _LIST},
 }  # fmt: skip
 
@@ -79,9 +80,9 @@ def check_quantize_model(args: dict[str, Any]) -> None:
         _check_type(where, key, value, valid[key])
     if kind == "format":
         _check_roles(args)
-    if args.get("method", "round") not in ("round", "gptq"):
-        raise ConfigError(f"{where} method = {args['method']!r}{did_you_mean(str(args['method']), ['round', 'gptq'])}; "
-                          "legal: round, gptq")  # fmt: skip
+    if args.get("method", "round") not in INT4_METHODS:
+        raise ConfigError(f"{where} method = {args['method']!r}{did_you_mean(str(args['method']), list(INT4_METHODS))}; "
+                          f"legal: {', '.join(INT4_METHODS)}")  # fmt: skip
     _check_with_typed_recipe(args)
 
 
