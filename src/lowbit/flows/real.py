@@ -141,6 +141,8 @@ def _int4_weight_only(root, targets, recipe: Int4WeightOnly):
 
         built = gptq_modules(root, targets, recipe)
         return lambda name, module: built[name]
+    if recipe.method == "hqq":
+        return lambda name, module: _hqq_module(module, recipe)
     if not recipe.search:  # a plain format: the simulated affine 4-bit weight's own codes
         formats = recipe_formats(recipe)
         return lambda name, module: linear_from_formats(module, formats, compute_dtype=recipe.compute_dtype)
@@ -148,6 +150,17 @@ def _int4_weight_only(root, targets, recipe: Int4WeightOnly):
     return lambda name, module: Int4WeightOnlyLinear.from_float(
         module, group_size=recipe.group_size, scale_dtype=recipe.scale_dtype, search=True,
         importance=power.get(name), compute_dtype=recipe.compute_dtype)  # fmt: skip
+
+
+def _hqq_module(module: nn.Linear, recipe: Int4WeightOnly) -> nn.Module:
+    from lowbit.ops import Int4WeightOnlyLinear
+    from lowbit.ops.hqq import hqq_quantize
+    from lowbit.ops.int4 import SCALE_DTYPES
+
+    result = hqq_quantize(module.weight, recipe.group_size, SCALE_DTYPES[recipe.scale_dtype], recipe.hqq_iterations)
+    return Int4WeightOnlyLinear.from_float(module, group_size=recipe.group_size, scale_dtype=recipe.scale_dtype,
+                                           codes=result.codes, scale=result.scale, zero_point=result.zero_point,
+                                           compute_dtype=recipe.compute_dtype)  # fmt: skip
 
 
 def _gguf_weight_only(root, targets, recipe: GGUFWeightOnly):

@@ -128,9 +128,13 @@ class Int8WeightOnly(Recipe):
         _choice(self.name, "compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
 
 
+INT4_METHODS = ("round", "gptq", "hqq")
+
+
 @dataclasses.dataclass
 class Int4WeightOnly(Recipe):
-    """Real int4 weights per group of ``group_size`` inputs; ``method`` "round" or "gptq" (needs data)."""
+    """Real int4 weights per group of ``group_size`` inputs; ``method`` "round", "gptq" (needs data) or "hqq"
+    (data-free half-quadratic fit of each group's scale and zero point, ``hqq_iterations`` steps)."""
 
     name: ClassVar[str] = "int4_weight_only"
     group_size: int = 32
@@ -142,6 +146,7 @@ class Int4WeightOnly(Recipe):
     block_size: int = 128
     act_order: bool = False
     mask_padding: bool = True
+    hqq_iterations: int = 20
     calibration_data: Any = None
 
     def check(self) -> None:
@@ -149,15 +154,18 @@ class Int4WeightOnly(Recipe):
         _choice(self.name, "scale_dtype", self.scale_dtype, ("bf16", "f16", "f32"))
         _flag(self.name, "search", self.search)
         _choice(self.name, "compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
-        _choice(self.name, "method", self.method, ("round", "gptq"))
+        _choice(self.name, "method", self.method, INT4_METHODS)
         if isinstance(self.damping, bool) or not isinstance(self.damping, (int, float)) or not 0 < self.damping < 1e6:
             raise ConfigError(f"{self.name}: damping={self.damping!r} must be a positive number")
         _positive_int(self.name, "block_size", self.block_size)
         _flag(self.name, "act_order", self.act_order)
         _flag(self.name, "mask_padding", self.mask_padding)
+        _positive_int(self.name, "hqq_iterations", self.hqq_iterations)
         if self.needs_data() and self.calibration_data is None:
             raise ConfigError(f"{self.name}: method={self.method!r} needs calibration_data= (batches the model can "
                               "run) to build each layer's Hessian")  # fmt: skip
+        if self.method == "hqq" and self.calibration_data is not None:
+            raise ConfigError(f"{self.name}: method='hqq' is data-free; drop calibration_data= (or num_batches)")
 
     def needs_data(self) -> bool:
         return self.method == "gptq"

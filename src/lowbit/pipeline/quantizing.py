@@ -96,19 +96,33 @@ def _check_batches(value: Any, where: str) -> None:
 
 def needs_data(args: dict[str, Any]) -> bool:
     """Whether the pass gives the recipe calibration batches: the recipe runs them (GPTQ, w8a8_static, ...), or
-    num_batches is given to a recipe that takes them. Builds the typed recipe (with a stand-in for the data),
-    so a bad value is the recipe's own one-line ConfigError."""
-    from lowbit.flows.recipes import make_recipe
-
+    num_batches is given to a recipe that takes them. Builds the typed recipe (with a stand-in for the data
+    where it takes some), so a bad value is the recipe's own one-line ConfigError."""
     recipe, options = recipe_call(args)
     takes_data = "calibration_data" in _fields(recipe)
-    if takes_data:
-        options["calibration_data"] = ()
+    if takes_data and args.get("num_batches") is not None:
+        _built(recipe, {**options, "calibration_data": ()})
+        return True
     try:
-        built = make_recipe(recipe, **options)
+        _built(recipe, options)
+        return False
+    except ConfigError as without_data:
+        if takes_data:
+            try:
+                if _built(recipe, {**options, "calibration_data": ()}).needs_data():
+                    return True
+            except ConfigError:
+                pass
+        raise without_data from None
+
+
+def _built(recipe: str, options: dict[str, Any]) -> Any:
+    from lowbit.flows.recipes import make_recipe
+
+    try:
+        return make_recipe(recipe, **options)
     except ConfigError as error:
         raise ConfigError(f"[passes.quantize_model] {error}") from None
-    return takes_data and (built.needs_data() or args.get("num_batches") is not None)
 
 
 def recipe_call(args: dict[str, Any]) -> tuple[str, dict[str, Any]]:

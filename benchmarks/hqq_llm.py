@@ -1,0 +1,110 @@
+"""HQQ on SmolLM2-135M-Instruct: int4 weight-only perplexity of ``method="hqq"`` against min-max rounding.
+
+Rows: fp32; int4 ``method="round", search=False`` (plain min-max rounding: the baseline of "closes"); int4
+``method="round"`` (the default 5 %-step range search); ``method="hqq"``; with ``--gptq`` also
+``method="gptq"`` (``--calibration`` train windows of ``--seqlen`` tokens, one per batch). Every Linear is
+quantized (lm_head included, as in benchmarks/llm.py). Perplexity: ``lowbit.perplexity(model, test_ids,
+seqlen, windows)`` on the wikipedia test split. "closes": ``(plain - row) / (plain - fp32)``. Quantize time:
+the wall time of ``lowbit.quantize_`` (the model copy not included). ``--group-sizes 64 192``: 192 is the
+largest group that divides every in_features of the model (576 and 1536), the nearest to per channel.
+``--speed`` times :func:`lowbit.ops.hqq.hqq_quantize` on a random 4096 x 4096 weight.
+
+Usage: HF_HUB_OFFLINE=1 python benchmarks/hqq_llm.py [--windows 8] [--seqlen 512] [--threads 2] [--gptq]
+       [--group-sizes 64] [--iterations 20] [--speed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import lowbit  # noqa: E402
+from lowbit.datasets.wikipedia import wikipedia_token_ids  # noqa: E402
+from lowbit.models.causal_lm import token_windows  # noqa: E402
+from lowbit.models.smollm2 import load_smollm2  # noqa: E402
+from machine import header_line  # noqa: E402
+
+
+def variants(group_size: int, args, calibration) -> dict[str, dict]:
+    """label -> int4_weight_only options."""
+    rows = {
+        f"g{group_size} round, search=False (plain min-max)": {"search": False},
+        f"g{group_size} round (range search)": {},
+        f"g{group_size} hqq": {"method": "hqq", "hqq_iterations": args.iterations},
+    }
+    if args.gptq:
+        rows[f"g{group_size} gptq"] = {"method": "gptq", "calibration_data": calibration}
+    return {label: {"group_size": group_size, **options} for label, options in rows.items()}
+
+
+def speed(threads: int) -> str:
+    from lowbit.ops.hqq import hqq_quantize
+
+    weight = torch.randn(4096, 4096, generator=torch.Generator().manual_seed(0)) * 0.02
+    hqq_quantize(weight[:64], 64)  # warm-up
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        hqq_quantize(weight, 64)
+        times.append(time.perf_counter() - start)
+    return f"hqq_quantize 4096 x 4096, g64, {threads} threads: best {min(times):.3f} s of {[round(t, 3) for t in times]}"
+
+
+def measure(args) -> list[str]:
+    tokenizer, fp32 = load_smollm2()
+    test_ids = wikipedia_token_ids(tokenizer, "test")
+    calibration = None
+    if args.gptq:
+        train = token_windows(wikipedia_token_ids(tokenizer, "train"), args.seqlen, args.calibration)
+        calibration = [window[None] for window in train]
+    fp32_ppl = lowbit.perplexity(fp32, test_ids, args.seqlen, args.windows)
+    lines = ["| int4_weight_only | perplexity | vs fp32 | closes | quantize_ s |", "|---|---|---|---|---|",
+             f"| fp32 | {fp32_ppl:.4f} | | | |"]  # fmt: skip
+    for group_size in args.group_sizes:
+        plain = None
+        for label, options in variants(group_size, args, calibration).items():
+            model = copy.deepcopy(fp32)
+            start = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                lowbit.quantize_(model, "int4_weight_only", **options)
+            built = time.perf_counter() - start
+            ppl = lowbit.perplexity(model, test_ids, args.seqlen, args.windows)
+            plain = ppl if plain is None else plain
+            closes = "" if ppl == plain else f"{(plain - ppl) / (plain - fp32_ppl):.1%}"
+            lines.append(f"| {label} | {ppl:.4f} | {ppl / fp32_ppl - 1:+.2%} | {closes} | {built:.1f} |")
+            print(lines[-1], file=sys.stderr, flush=True)
+            del model
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--windows", type=int, default=8)
+    parser.add_argument("--seqlen", type=int, default=512)
+    parser.add_argument("--calibration", type=int, default=16, help="train windows for --gptq")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--group-sizes", type=int, nargs="+", default=[64])
+    parser.add_argument("--iterations", type=int, default=20, help="hqq_iterations")
+    parser.add_argument("--gptq", action="store_true")
+    parser.add_argument("--speed", action="store_true", help="only time hqq_quantize on 4096 x 4096")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(header_line())
+    if args.speed:
+        print(speed(args.threads))
+        return
+    print(f"SmolLM2-135M, wikipedia test, perplexity over {args.windows} windows of {args.seqlen} tokens; "
+          f"every Linear quantized (lm_head included); closes = share of plain min-max's gap to fp32 removed\n")
+    print("\n".join(measure(args)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""HQQ: data-free half-quadratic optimisation of int4 group scales and zero points (Badri and Shaji 2023,
+"Half-Quadratic Quantization of Large Machine Learning Models"), written from the paper's description.
+
+The paper fits each group's parameters to the weight under a sparsity-promoting loss ``|W - dequant(quant(W))|_p``
+with ``p < 1``: a few large errors (the weights the range cannot hold well) cost little more than many
+small ones, so the fit is not dragged towards the outliers the way a squared error is. Half-quadratic
+splitting adds an auxiliary error variable ``E`` and alternates two easy sub-problems:
+
+    E  <- shrink_p(W - dequant(q), beta)        generalised soft threshold: the outlying part of the error
+    params <- closed-form least squares of dequant(q) against W - E      (q: the codes for the current params)
+
+with ``beta`` growing by ``kappa`` per step, so ``E`` is forced towards the true error by the end. The paper
+updates the zero point only; here the layout stores integer zero points (uint8, 0..15, see
+:mod:`lowbit.ops.int4`), which leaves the zero point alone little room, so each step fits the scale and the
+(real) zero point together: a straight-line fit of the target ``W - E`` on the codes, per group. Errors are
+measured in code units (divided by the group's scale), so ``beta`` does not depend on the weights' magnitude.
+
+The result is made exactly what :class:`~lowbit.ops.int4.Int4WeightOnlyLinear` computes with: the zero point
+is rounded to an integer in 0..15, the scale is refitted for it and rounded to the stored scale dtype, and the
+final codes are chosen with those stored values by the format's own rounding rule. Per group, the optimised
+parameters are kept only where their squared error is no larger than min-max rounding's (so the result is
+never worse than plain rounding in mean squared error). Every step is a tensor operation over all groups.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from lowbit.errors import FormatError
+from lowbit.ops.int4 import _group_codes
+
+CODE_MAX = 15.0
+DEFAULT_ITERATIONS, DEFAULT_P, BETA_START, KAPPA = 20, 0.7, 10.0, 1.01
+
+
+class HqqResult(NamedTuple):
+    """uint8 codes [N, K] (0..15), scales [N, K / g] (scale dtype), uint8 zero points [N, K / g]."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero_point: torch.Tensor
+
+
+def shrink(error: torch.Tensor, beta: float, p: float) -> torch.Tensor:
+    """The proximal step of ``|x|_p`` (p < 1) at weight ``beta``: ``sign(x) * max(|x| - |x|^(p-1) / beta, 0)``
+    (zero stays zero)."""
+    magnitude = error.abs()
+    threshold = magnitude.clamp_min(1e-12).pow(p - 1.0).div_(beta)
+    return error.sign().mul_((magnitude - threshold).clamp_min_(0.0))
+
+
+def _update(codes: torch.Tensor, target: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor):
+    """The closed-form step: the least-squares scale of ``scale * (codes - zero_point) ~ target`` for the current
+    integer zero point, then the zero point that best centres the codes on ``target / scale``, rounded to an
+    integer in 0..15 (groups whose shifted codes are all 0 keep their scale)."""
+    shifted = codes - zero_point
+    spread = shifted.square().sum(-1, keepdim=True)
+    fitted = (shifted * target).sum(-1, keepdim=True).div_(spread.clamp_min(1e-30))
+    scale = torch.where((spread > 0) & (fitted > 0), fitted, scale)
+    zero_point = (codes - target / scale).mean(-1, keepdim=True).round_().clamp_(0.0, CODE_MAX)
+    return scale, zero_point
+
+
+def optimise(groups: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, iterations: int, p: float):
+    """Half-quadratic steps from (scale, integer zero point) [N, G, 1]; returns the pair of lowest squared error
+    met on the way (the start included)."""
+    beta = BETA_START
+    best_scale, best_zero, best_error = scale, zero_point, None
+    for step in range(iterations + 1):
+        scaled = groups / scale
+        codes = torch.round(scaled + zero_point).clamp_(0.0, CODE_MAX)
+        residual = scaled.sub_(codes).add_(zero_point)  # the error in code units
+        error = residual.square().sum(-1, keepdim=True).mul_(scale.square())
+        if best_error is not None:
+            better = error < best_error
+            best_scale = torch.where(better, scale, best_scale)
+            best_zero = torch.where(better, zero_point, best_zero)
+            error = torch.where(better, error, best_error)
+        best_error = error
+        if step == iterations:
+            break
+        target = groups - shrink(residual, beta, p).mul_(scale)  # the weight less its outlying error
+        scale, zero_point = _update(codes, target, scale, zero_point)
+        beta *= KAPPA
+    return best_scale, best_zero
+
+
+def _stored(groups: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, scale_dtype: torch.dtype):
+    """(codes, scale, zero point) with the scale rounded to ``scale_dtype``, codes by the format's rule."""
+    scale = scale.to(scale_dtype).float().clamp_min_(torch.finfo(torch.float32).tiny)
+    inverse = 1.0 / scale  # the format's rounding rule, as _group_codes applies it
+    codes = torch.round(groups * inverse).add_(zero_point).clamp_(0.0, CODE_MAX)
+    return codes, scale, zero_point
+
+
+def hqq_quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.bfloat16,
+                 iterations: int = DEFAULT_ITERATIONS, p: float = DEFAULT_P) -> HqqResult:  # fmt: skip
+    """uint8 codes [N, K], scales [N, K / g] (scale_dtype), uint8 zero points [N, K / g] of ``weight``."""
+    n, k = weight.shape
+    groups = weight.detach().float().reshape(n, k // group_size, group_size)
+    if not bool(torch.isfinite(groups).all()):
+        raise FormatError("the weight has NaN or inf values; it cannot be quantized")
+    low = groups.amin(-1, keepdim=True).clamp(max=0.0)
+    high = groups.amax(-1, keepdim=True).clamp(min=0.0)
+    plain = _group_codes(groups, low, high, scale_dtype)  # min-max rounding: the start and the fallback
+    start_scale = (high - low).div_(CODE_MAX).clamp_min_(1e-30)
+    start_zero = torch.round(-low / start_scale).clamp_(0.0, CODE_MAX)
+    scale, zero_point = optimise(groups, start_scale, start_zero, iterations, p)
+    tuned = _stored(groups, scale, zero_point, scale_dtype)
+    errors = [(codes - zero_point).mul_(step).sub_(groups).square_().sum(-1, keepdim=True)
+              for codes, step, zero_point in (plain, tuned)]  # fmt: skip
+    keep = errors[1] <= errors[0]
+    codes, scale, zero_point = (torch.where(keep, new, old) for new, old in zip(tuned, plain, strict=True))
+    return HqqResult(codes.reshape(n, k).to(torch.uint8), scale.squeeze(-1).to(scale_dtype),
+                     zero_point.squeeze(-1).to(torch.uint8))  # fmt: skip
+
+
+__all__ = ["HqqResult", "hqq_quantize", "shrink"]
