@@ -66,13 +66,16 @@ def load_smollm2() -> tuple[Any, torch.nn.Module]:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity_error()  # the GGUF reader's progress bars and notices
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()  # the GGUF reader's notices
+    logging.disable_progress_bar()  # and its progress bars ("Converting and de-quantizing GGUF tensors")
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True,
                                                      dtype=torch.float32)  # fmt: skip
     finally:
         logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
     return tokenizer, as_plain_float(model).eval()
 
 
