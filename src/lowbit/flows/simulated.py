@@ -54,6 +54,14 @@ def quantize_format(root: nn.Module, recipe: FormatRecipe) -> dict[str, Any]:
         plan[name] = RoleFormats(**roles)
     if not plan:
         raise ConfigError(f"the model has no layer of the ops {list(recipe.ops)} to quantize (after skip)")
+    if recipe.method == "gptq":  # Linear weights GPTQ-rounded first; the other layers as with "round"
+        from lowbit.flows.gptq_formats import gptq_format_layers
+
+        gptq = gptq_format_layers(root, plan, recipe)
+        rest = {name: formats for name, formats in plan.items() if name not in gptq["layers"]}
+        info = swap_formats(root, rest) if rest else {"quantized": [], "counts": {}}
+        counts = {**info["counts"], "linear": info["counts"].get("linear", 0) + len(gptq["layers"])}
+        return {"recipe": spec.format_name, "quantized": list(plan), "counts": counts, "gptq": gptq}
     return {"recipe": spec.format_name, **swap_formats(root, plan)}
 
 
