@@ -123,3 +123,47 @@ def test_a_format_gptq_cannot_round_is_refused_before_any_work(llama, data):
     with pytest.raises(ConfigError, match="nvfp4"):
         lowbit.quantize_(model, "nvfp4", roles=["weight"], method="gptq", calibration_data=data[0])
     assert not any(isinstance(module, QuantLinear) for module in model.modules())
+
+
+def test_mase_gptq_table_gives_the_format_recipe_model(llama, data):
+    """pass_args with MASE's "gptq" table: each Linear's own weight format GPTQ-rounded, with MASE's damping
+    (0.01); its data-loading keys are accepted and listed as not read."""
+    config = {"name": "mxfp4_e2m1", "data_in_name": "NA", "weight_block_size": 32, "bias_name": "NA"}
+    table = {"model_name": "HuggingFaceTB/SmolLM2-135M", "dataset": "wikitext2", "nsamples": 8, "seqlen": 32,
+             "format": "mxfp", "weight_config": {"weight_block_size": 32, "weight_exponent_width": 2,
+                                                 "weight_frac_width": 1}, "quantile_search": True}  # fmt: skip
+    by_mase, info = lowbit.quantize_model(copy.deepcopy(llama), {"by": "type", "linear": {"config": config},
+                                                                 "gptq": table},
+                                          real=False, calibration_data=data[0])  # fmt: skip
+    by_recipe = lowbit.quantize_(copy.deepcopy(llama), "mxfp4_e2m1", roles=["weight"], method="gptq",
+                                 calibration_data=data[0], damping=0.01)  # fmt: skip
+    assert info["gptq"]["settings"] == {"damping": 0.01} and "quantile_search" in info["gptq"]["ignored"]
+    assert len(info["gptq"]["layers"]) == 15
+    for (name, left), right in zip(by_mase.state_dict().items(), by_recipe.state_dict().values()):
+        assert torch.equal(left, right), name
+    with pytest.raises(ConfigError, match="calibration_data"):
+        lowbit.quantize_(copy.deepcopy(llama), {"by": "type", "linear": {"config": config}, "gptq": table})
+    with pytest.raises(ConfigError, match="percdamp"):
+        lowbit.quantize_(copy.deepcopy(llama), {"by": "type", "linear": {"config": config}, "gptq": {"percdam": 1}},
+                         calibration_data=data[0])  # fmt: skip
+
+
+def test_saved_gptq_model_loads_bit_for_bit(llama, data, tmp_path):
+    model = lowbit.quantize_(copy.deepcopy(llama), "affine", params={"bits": 3, "block_size": [1, 64]},
+                             roles=["weight"], method="gptq", calibration_data=data[0])  # fmt: skip
+    lowbit.save(model, tmp_path / "model")
+    loaded = lowbit.load(tmp_path / "model", model=copy.deepcopy(llama))
+    assert torch.equal(loaded(data[1]).logits, model(data[1]).logits)
+
+
+def test_toml_quantize_model_table_takes_the_gptq_options(llama):
+    from lowbit.pipeline.quantizing import check_quantize_model, needs_data, rebuild_structure
+
+    table = {"recipe": "mxfp4_e2m1", "method": "gptq", "damping": 0.01, "act_order": True, "static_groups": False,
+             "block_size": 64, "num_batches": 4}  # fmt: skip
+    check_quantize_model(table)
+    assert needs_data(table) and not needs_data({"recipe": "mxfp4_e2m1"})
+    with pytest.raises(ConfigError, match="static_groups"):
+        check_quantize_model({**table, "static_groups": "yes"})
+    rebuilt = rebuild_structure(copy.deepcopy(llama), table)  # a saved run's layers, rebuilt without data
+    assert isinstance(rebuilt.model.layers[0].mlp.down_proj, QuantLinear)

@@ -37,11 +37,18 @@ def gptq_format_layers(root: nn.Module, plan: dict[str, RoleFormats], recipe: Fo
     ``{"layers": names, "moved": elements the format moved on re-rounding, "seconds": wall time}``."""
     targets = {name: root.get_submodule(name) for name, formats in plan.items()
                if formats.weight is not None and type(root.get_submodule(name)) is nn.Linear}  # fmt: skip
+    settings = {"damping": recipe.damping, "block_size": recipe.block_size, "act_order": recipe.act_order,
+                "static_groups": recipe.static_groups}  # fmt: skip
+    return gptq_layers(root, targets, plan, settings, recipe.calibration_data, progress)
+
+
+def gptq_layers(root: nn.Module, targets: dict[str, nn.Linear], plan: dict[str, RoleFormats], settings: dict,
+                batches: Any, progress=None) -> dict[str, Any]:  # fmt: skip
+    """GPTQ-round the weight of each target (a Linear, or a QuantLinear already carrying its formats) with its
+    planned weight format, in call order; each becomes the QuantLinear of ``plan[name]``."""
     for name, module in targets.items():  # refuse a format GPTQ cannot round before any work is done
         column_rounder(plan[name].weight, tuple(module.weight.shape))
     moved: dict[str, int] = {}
-    settings = {"damping": recipe.damping, "block_size": recipe.block_size, "act_order": recipe.act_order,
-                "static_groups": recipe.static_groups}  # fmt: skip
 
     def quantize_layer(name: str, module: nn.Module, hessian: torch.Tensor) -> nn.Module:
         spec = plan[name].weight
@@ -59,6 +66,40 @@ def gptq_format_layers(root: nn.Module, plan: dict[str, RoleFormats], recipe: Fo
 
     start = time.perf_counter()
     if targets:
-        blockwise_gptq(root, targets, recipe.calibration_data, call_without_cache, quantize_layer, row_mask,
+        blockwise_gptq(root, targets, batches, call_without_cache, quantize_layer, row_mask,
                        progress or logging.getLogger("lowbit").info)  # fmt: skip
     return {"layers": list(targets), "moved": sum(moved.values()), "seconds": time.perf_counter() - start}
+
+
+# ---- MASE's GPTQ pass options ----------------------------------------------------------------------------------
+# MASE (chop.passes.module.transforms.gptq, run by its module quantize pass when pass_args has a "gptq" table):
+# keys it reads, and what each means here. The weight format is each layer's own from pass_args (MASE's
+# "format" / "weight_config" name the same MX format its later module replacement applies).
+MASE_GPTQ_IGNORED = ("model_name", "device", "dataset", "nsamples", "seqlen", "cali_batch_size", "checkpoint_dir",
+                     "hf_token", "max_layers", "format", "weight_config", "quantile_search", "clip_search_y")  # fmt: skip
+MASE_GPTQ_RENAMED = {"percdamp": "damping", "damp_percent": "damping", "blocksize": "block_size",
+                     "desc_act": "act_order"}  # fmt: skip
+GPTQ_OPTIONS = ("damping", "block_size", "act_order", "static_groups")
+MASE_DAMPING = 0.01  # MASE's fixed percdamp
+
+
+def mase_gptq_settings(table: Any) -> tuple[dict[str, Any], list[str]]:
+    """(GPTQ settings, the MASE keys given that have no effect here) from pass_args' "gptq" table."""
+    from lowbit.errors import ConfigError, did_you_mean
+    from lowbit.flows.recipes import FormatRecipe
+
+    if not isinstance(table, dict):
+        raise ConfigError(f"pass_args gptq must be a table of GPTQ options, got {table!r}")
+    settings: dict[str, Any] = {"damping": MASE_DAMPING}
+    ignored = []
+    for key, value in table.items():
+        if key in MASE_GPTQ_IGNORED:
+            ignored.append(key)
+            continue
+        option = MASE_GPTQ_RENAMED.get(key, key)
+        if option not in GPTQ_OPTIONS:
+            names = [*GPTQ_OPTIONS, *MASE_GPTQ_RENAMED, *MASE_GPTQ_IGNORED]
+            raise ConfigError(f"pass_args gptq: unknown key {key!r}{did_you_mean(key, names)}; keys: {', '.join(names)}")
+        settings[option] = value
+    FormatRecipe(format="mxfp4_e2m1", **settings)  # the format recipe's own checks of every value
+    return settings, ignored

@@ -319,11 +319,15 @@ class PassArgs(Recipe):
     name: ClassVar[str] = "pass_args"
     pass_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     real: bool = True
+    calibration_data: Any = None  # MASE's "gptq" table: the batches its Hessians come from
 
     def check(self) -> None:
         if not isinstance(self.pass_args, dict) or not self.pass_args:
             raise ConfigError("pass_args recipe: pass_args must be a non-empty table")
         _flag(self.name, "real", self.real)
+        if "gptq" in self.pass_args and self.calibration_data is None:
+            raise ConfigError("pass_args recipe: a \"gptq\" table needs calibration_data= (batches the model can run; "
+                              "MASE's dataset / nsamples / seqlen are not read)")  # fmt: skip
 
 
 RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in (Int8Dynamic, Int8WeightOnly, Int4WeightOnly, W8A8Static,

@@ -42,6 +42,8 @@ RECIPE_OPTIONS: dict[str, dict[str, str]] = {
                          "mask_padding": _BOOL, "skip": _LIST},
     "w8a8_static": {"include_conv": _BOOL_OR_AUTO, "conv_channels_last": _BOOL, "skip": _LIST},
 }  # fmt: skip
+FORMAT_OPTIONS = {"params": "a table", "roles": _LIST, "method": _TEXT, "damping": _NUMBER, "block_size": _INT,
+                  "act_order": _BOOL, "static_groups": _BOOL}  # fmt: skip
 
 
 def recipe_kind(recipe: Any) -> str:
@@ -66,7 +68,7 @@ def check_quantize_model(args: dict[str, Any]) -> None:
         raise ConfigError(f"{where} needs recipe = \"...\" ({', '.join(REAL_RECIPES)}, or a format name)")
     kind = recipe_kind(args["recipe"])
     _check_batches(args.get("num_batches"), where)
-    valid = RECIPE_OPTIONS[args["recipe"]] if kind == "real" else {"params": "a table", "roles": _LIST}
+    valid = RECIPE_OPTIONS[args["recipe"]] if kind == "real" else FORMAT_OPTIONS
     for key, value in args.items():
         if key in PIPELINE_KEYS:
             continue
@@ -122,7 +124,7 @@ def _check_type(where: str, key: str, value: Any, kind: str) -> None:
 def needs_data(args: dict[str, Any]) -> bool:
     """Whether the recipe runs calibration batches (GPTQ, w8a8_static, or num_batches given)."""
     recipe = args["recipe"]
-    if recipe == "w8a8_static" or (recipe == "int4_weight_only" and args.get("method") == "gptq"):
+    if recipe == "w8a8_static" or args.get("method") == "gptq":  # int4_weight_only or a format name
         return True
     return recipe == "int4_weight_only" and args.get("num_batches") is not None
 
@@ -156,6 +158,8 @@ def rebuild_structure(model: nn.Module, recipe: dict[str, Any]) -> nn.Module:
     import lowbit
 
     name, options = recipe_call(recipe)
+    if options.get("method") == "gptq":  # the layers GPTQ made are the format's layers: their weights load in
+        options["method"] = "round"
     model, _ = lowbit.quantize_model(model, name, **options)
     return model
 
