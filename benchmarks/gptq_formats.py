@@ -10,7 +10,7 @@ exponent, affine min-max) and ``method="gptq"`` (each with the options given), t
 fp32 that GPTQ closes (``(round - gptq) / (round - fp32)``) and the wall time of quantize_.
 
 Usage: python benchmarks/gptq_formats.py [--formats mxfp4 int3_g64 e4m3] [--gptq damping=0.1 ...]
-       [--calibration 16] [--seqlen 512] [--windows 8] [--threads 2]
+       [--calibration 16] [--seqlen 512] [--calibration-seqlen 512] [--windows 8] [--threads 2]
 """
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ def main() -> None:
     parser.add_argument("--formats", nargs="+", default=["mxfp4", "int3_g64", "e4m3"], choices=sorted(FORMATS))
     parser.add_argument("--gptq", nargs="*", default=[], help="FormatRecipe options, key=value")
     parser.add_argument("--calibration", type=int, default=16)
-    parser.add_argument("--seqlen", type=int, default=512)
+    parser.add_argument("--seqlen", type=int, default=512, help="tokens per scored window")
+    parser.add_argument("--calibration-seqlen", type=int, default=None, help="tokens per calibration window "
+                        "(default: --seqlen)")
     parser.add_argument("--windows", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -77,7 +79,8 @@ def main() -> None:
 
     tokenizer, model = load_smollm2()
     test_ids, train_ids = wikipedia_token_ids(tokenizer, "test"), wikipedia_token_ids(tokenizer, "train")
-    windows = train_ids[:args.calibration * args.seqlen].reshape(args.calibration, args.seqlen)
+    length = args.calibration_seqlen or args.seqlen
+    windows = train_ids[:args.calibration * length].reshape(args.calibration, length)
     calibration = [window.unsqueeze(0) for window in windows]
     options = parse_options(args.gptq)
 
@@ -86,7 +89,7 @@ def main() -> None:
 
     fp32 = score(model)
     print(f"SmolLM2-135M-Instruct, wikipedia test: {args.windows} windows x {args.seqlen}; calibration "
-          f"{args.calibration} train windows x {args.seqlen}; {args.threads} threads; GPTQ options {options or 'defaults'}")
+          f"{args.calibration} train windows x {length}; {args.threads} threads; GPTQ options {options or 'defaults'}")
     print(header_line())
     print(f"\nfp32 perplexity {fp32:.3f}\n")
     print("| weights | round | gptq | gap closed | round s | gptq s | moved on re-rounding |")

@@ -8,9 +8,10 @@ each becomes the simulated ``QuantLinear`` of its planned formats whose weight h
 values. The layer still quantizes that weight with its format at run time (weights are cached), so the
 stored values are what the format gives back for them: for MX, block_fp, scaled OCP floats, symmetric
 affine and element formats that is the GPTQ result itself, bit for bit (the block scale the format
-re-derives from a rounded block puts the same values on its grid); for asymmetric affine groups whose end
-codes GPTQ left unused the re-derived grid differs, and the stored weight is the format's rounding of the
-GPTQ result (``info["gptq"]["moved"]`` counts those elements). The other layers of the plan (convolutions)
+re-derives from a rounded block puts the same values on its grid; mxfp8_e4m3, whose top binade is not
+full, can rarely re-derive a smaller exponent); for asymmetric affine groups whose end codes GPTQ left
+unused the re-derived grid differs. Where a value moves, the stored weight is the format's rounding of the
+GPTQ result, what the layer computes anyway (``info["gptq"]["moved"]`` counts those elements). The other layers of the plan (convolutions)
 are rounded by the format as with ``method="round"``.
 """
 
