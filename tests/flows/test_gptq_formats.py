@@ -25,7 +25,8 @@ transformers = pytest.importorskip("transformers")
 @pytest.fixture(scope="module")
 def llama():
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64)  # fmt: skip
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).eval()
 

@@ -11,8 +11,8 @@ affine and element formats that is the GPTQ result itself, bit for bit (the bloc
 re-derives from a rounded block puts the same values on its grid; mxfp8_e4m3, whose top binade is not
 full, can rarely re-derive a smaller exponent); for asymmetric affine groups whose end codes GPTQ left
 unused the re-derived grid differs. Where a value moves, the stored weight is the format's rounding of the
-GPTQ result, what the layer computes anyway (``info["gptq"]["moved"]`` counts those elements). The other layers of the plan (convolutions)
-are rounded by the format as with ``method="round"``.
+GPTQ result, what the layer computes anyway (``info["gptq"]["moved"]`` counts those elements). The other
+layers of the plan (convolutions) are rounded by the format as with ``method="round"``.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def gptq_layers(root: nn.Module, targets: dict[str, nn.Linear], plan: dict[str, 
 # keys it reads, and what each means here. The weight format is each layer's own from pass_args (MASE's
 # "format" / "weight_config" name the same MX format its later module replacement applies).
 MASE_GPTQ_IGNORED = ("model_name", "device", "dataset", "nsamples", "seqlen", "cali_batch_size", "checkpoint_dir",
-                     "hf_token", "max_layers", "format", "weight_config", "quantile_search", "clip_search_y")  # fmt: skip
+                     "hf_token", "max_layers", "format", "weight_config", "quantile_search",
+                     "clip_search_y")  # fmt: skip
 MASE_GPTQ_RENAMED = {"percdamp": "damping", "damp_percent": "damping", "blocksize": "block_size",
                      "desc_act": "act_order"}  # fmt: skip
 GPTQ_OPTIONS = ("damping", "block_size", "act_order", "static_groups")
@@ -100,7 +101,8 @@ def mase_gptq_settings(table: Any) -> tuple[dict[str, Any], list[str]]:
         option = MASE_GPTQ_RENAMED.get(key, key)
         if option not in GPTQ_OPTIONS:
             names = [*GPTQ_OPTIONS, *MASE_GPTQ_RENAMED, *MASE_GPTQ_IGNORED]
-            raise ConfigError(f"pass_args gptq: unknown key {key!r}{did_you_mean(key, names)}; keys: {', '.join(names)}")
+            raise ConfigError(f"pass_args gptq: unknown key {key!r}{did_you_mean(key, names)}; "
+                              f"keys: {', '.join(names)}")  # fmt: skip
         settings[option] = value
     FormatRecipe(format="mxfp4_e2m1", **settings)  # the format recipe's own checks of every value
     return settings, ignored

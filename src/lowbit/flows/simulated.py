@@ -89,8 +89,8 @@ def _pass_args_gptq(root: nn.Module, recipe: PassArgs) -> dict[str, Any]:
     from lowbit.flows.gptq_formats import gptq_layers, mase_gptq_settings
 
     settings, ignored = mase_gptq_settings(recipe.pass_args["gptq"])
-    targets = {name: module for name, module in root.named_modules()
-               if type(module) is QuantLinear and module.formats.weight is not None and not module.formats.bypass}  # fmt: skip
+    targets = {name: module for name, module in root.named_modules() if type(module) is QuantLinear
+               and module.formats.weight is not None and not module.formats.bypass}  # fmt: skip
     plan = {name: module.formats for name, module in targets.items()}
     info = gptq_layers(root, targets, plan, settings, recipe.calibration_data)
     return {**info, "settings": settings, "ignored": ignored}

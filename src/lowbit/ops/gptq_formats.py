@@ -162,7 +162,8 @@ def _ocp_rounder(spec, shape) -> ColumnRounder:
 
 # ---- one weight matrix -----------------------------------------------------------------------------------------
 def gptq_round(weight: torch.Tensor, hessian: torch.Tensor, spec: FormatSpec, *, damping: float = 0.1,
-               block_size: int = 128, act_order: bool = False, static_groups: bool = False) -> torch.Tensor:  # fmt: skip
+               block_size: int = 128, act_order: bool = False,
+               static_groups: bool = False) -> torch.Tensor:  # fmt: skip
     """``weight`` [N, K] rounded onto ``spec``'s grid (float32) so as to minimise the output error under
     ``hessian`` [K, K]; block parameters fixed in order or up front (``static_groups``; always with
     ``act_order``, which rounds columns by decreasing diag(H))."""
