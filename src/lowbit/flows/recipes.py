@@ -235,6 +235,12 @@ class FormatRecipe(Recipe):
 
     ``format`` is a format name or a spec's plain dict (``{"name": "affine", "bits": 4, ...}``);
     ``params`` are its parameters when ``format`` is a name; ``roles`` which roles get it.
+
+    ``method``: how the weights of Linear layers are rounded: "round" (each weight by the format, at run
+    time) or "gptq" (``lowbit.ops.gptq_formats``: error-compensating rounding from ``calibration_data``,
+    block by block; ``damping`` (a fraction of H's mean diagonal), ``block_size`` (GPTQ's lazy batch of
+    columns), ``act_order``, ``static_groups`` (every block's scale from the weight before any update; always
+    so with act_order)).
     """
 
     name: ClassVar[str] = "format"
@@ -242,6 +248,12 @@ class FormatRecipe(Recipe):
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     roles: tuple[str, ...] = ("data_in", "weight", "bias")
     ops: tuple[str, ...] = ("linear", "conv1d", "conv2d")
+    method: str = "round"
+    damping: float = 0.1
+    block_size: int = 128
+    act_order: bool = False
+    static_groups: bool = False
+    calibration_data: Any = None
 
     def check(self) -> None:
         if not isinstance(self.format, (str, dict)) or not self.format:
@@ -251,6 +263,21 @@ class FormatRecipe(Recipe):
         self.roles, self.ops = tuple(self.roles), tuple(self.ops)
         for role in self.roles:
             _choice("format recipe", "roles", role, ("data_in", "weight", "bias", "data_out"))
+        _choice("format recipe", "method", self.method, ("round", "gptq"))
+        if isinstance(self.damping, bool) or not isinstance(self.damping, (int, float)) or not 0 < self.damping < 1e6:
+            raise ConfigError(f"format recipe: damping={self.damping!r} must be a positive number")
+        _positive_int("format recipe", "block_size", self.block_size)
+        _flag("format recipe", "act_order", self.act_order)
+        _flag("format recipe", "static_groups", self.static_groups)
+        if self.needs_data() and self.calibration_data is None:
+            raise ConfigError("format recipe: method='gptq' needs calibration_data= (batches the model can run) to "
+                              "build each layer's Hessian")  # fmt: skip
+        if self.method == "gptq" and "weight" not in self.roles:
+            raise ConfigError(f"format recipe: method='gptq' rounds weights, but roles={list(self.roles)} has no "
+                              "'weight'")  # fmt: skip
+
+    def needs_data(self) -> bool:
+        return self.method == "gptq"
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "params": dict(self.params)}
@@ -313,11 +340,15 @@ class PassArgs(Recipe):
     name: ClassVar[str] = "pass_args"
     pass_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     real: bool = True
+    calibration_data: Any = None  # MASE's "gptq" table: the batches its Hessians come from
 
     def check(self) -> None:
         if not isinstance(self.pass_args, dict) or not self.pass_args:
             raise ConfigError("pass_args recipe: pass_args must be a non-empty table")
         _flag(self.name, "real", self.real)
+        if "gptq" in self.pass_args and self.calibration_data is None:
+            raise ConfigError("pass_args recipe: a \"gptq\" table needs calibration_data= (batches the model can run; "
+                              "MASE's dataset / nsamples / seqlen are not read)")  # fmt: skip
 
 
 RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in (Int8Dynamic, Int8WeightOnly, Int4WeightOnly, W8A8Static,

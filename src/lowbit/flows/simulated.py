@@ -54,6 +54,14 @@ def quantize_format(root: nn.Module, recipe: FormatRecipe) -> dict[str, Any]:
         plan[name] = RoleFormats(**roles)
     if not plan:
         raise ConfigError(f"the model has no layer of the ops {list(recipe.ops)} to quantize (after skip)")
+    if recipe.method == "gptq":  # Linear weights GPTQ-rounded first; the other layers as with "round"
+        from lowbit.flows.gptq_formats import gptq_format_layers
+
+        gptq = gptq_format_layers(root, plan, recipe)
+        rest = {name: formats for name, formats in plan.items() if name not in gptq["layers"]}
+        info = swap_formats(root, rest) if rest else {"quantized": [], "counts": {}}
+        counts = {**info["counts"], "linear": info["counts"].get("linear", 0) + len(gptq["layers"])}
+        return {"recipe": spec.format_name, "quantized": list(plan), "counts": counts, "gptq": gptq}
     return {"recipe": spec.format_name, **swap_formats(root, plan)}
 
 
@@ -63,15 +71,29 @@ def quantize_pass_args(model: Any, recipe: PassArgs) -> dict[str, Any]:
     and ``info["kept"]`` says why."""
     from lowbit.graph.quantize import quantize_transform_pass
 
+    pass_args = {key: value for key, value in recipe.pass_args.items() if key != "gptq"}
     if isinstance(model, nn.Module):
-        _, pass_info = quantize_module_transform_pass(model, recipe.pass_args)
+        _, pass_info = quantize_module_transform_pass(model, pass_args)
     else:
-        _, pass_info = quantize_transform_pass(model, recipe.pass_args)
+        _, pass_info = quantize_transform_pass(model, pass_args)
     info: dict[str, Any] = {"recipe": "pass_args", "pass": pass_info}
+    if "gptq" in recipe.pass_args:  # MASE's GPTQ table: each Linear's weight GPTQ-rounded onto its own format
+        info["gptq"] = _pass_args_gptq(root_module(model), recipe)
     if recipe.real:
         converted, kept = to_real(root_module(model), recipe.skip)
         info.update(quantized=converted, kept=kept, counts=dict(Counter(converted.values())))
     return info
+
+
+def _pass_args_gptq(root: nn.Module, recipe: PassArgs) -> dict[str, Any]:
+    from lowbit.flows.gptq_formats import gptq_layers, mase_gptq_settings
+
+    settings, ignored = mase_gptq_settings(recipe.pass_args["gptq"])
+    targets = {name: module for name, module in root.named_modules() if type(module) is QuantLinear
+               and module.formats.weight is not None and not module.formats.bypass}  # fmt: skip
+    plan = {name: module.formats for name, module in targets.items()}
+    info = gptq_layers(root, targets, plan, settings, recipe.calibration_data)
+    return {**info, "settings": settings, "ignored": ignored}
 
 
 def to_real(root: nn.Module, skip: Any = ()) -> tuple[dict[str, str], dict[str, str]]:

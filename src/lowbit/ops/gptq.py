@@ -151,15 +151,16 @@ def _round_block(block: torch.Tensor, upper: torch.Tensor, columns: list[int], g
     return errors
 
 
-def _checked(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, damping: float, block_size: int):
+def _checked(weight: torch.Tensor, hessian: torch.Tensor, group_size: int | None, damping: float, block_size: int):
     """float32 weight [N, K] and float64 Hessian [K, K], or an error naming what is wrong."""
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise FormatError(f"GPTQ needs a 2-D weight [N, K], got {getattr(weight, 'shape', type(weight).__name__)}")
     n, k = weight.shape
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2 or group_size % 2:
-        raise ConfigError(f"group_size={group_size!r} must be an even int >= 2")
-    if k % group_size:
-        raise FormatError(f"in_features={k} is not divisible by group_size={group_size}")
+    if group_size is not None:  # None: no int4 groups (lowbit.ops.gptq_formats rounds any format)
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2 or group_size % 2:
+            raise ConfigError(f"group_size={group_size!r} must be an even int >= 2")
+        if k % group_size:
+            raise FormatError(f"in_features={k} is not divisible by group_size={group_size}")
     if not (isinstance(damping, (int, float)) and 0 < damping < 1e6):
         raise ConfigError(f"damping={damping!r} must be a positive number (a fraction of the mean diagonal of H)")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:

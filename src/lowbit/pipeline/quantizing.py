@@ -154,6 +154,8 @@ def rebuild_structure(model: nn.Module, recipe: dict[str, Any]) -> nn.Module:
     from lowbit.flows import quantize_model
 
     name, options = recipe_call(recipe)
+    if options.get("method") == "gptq":  # the layers GPTQ made are the format's layers: their weights load in
+        options["method"] = "round"
     model, _ = quantize_model(model, name, **options)
     return model
 
