@@ -90,15 +90,15 @@ def _layout(root: nn.Module) -> tuple[nn.Module, list[nn.Module], int]:
                           f"handles pre-RMSNorm decoders with an LM head: {', '.join(MODEL_TYPES)} (BERT-style "
                           "post-LayerNorm encoders are not done)")  # fmt: skip
     decoder = getattr(root, "model", None)
-    if not isinstance(getattr(root, "lm_head", None), nn.Linear) or not hasattr(decoder, "layers"):
+    if getattr(root, "lm_head", None) is None or not hasattr(decoder, "layers"):
         raise ConfigError(f"rotate: {type(root).__name__} has no lm_head Linear over model.layers (give the "
                           "...ForCausalLM model: a base model would return rotated hidden states)")  # fmt: skip
     layers = list(decoder.layers)
     for index, layer in enumerate(layers):
         linears = [*(getattr(layer.self_attn, name, None) for name in (*READERS["attention"], "o_proj")),
                    *(getattr(layer.mlp, name, None) for name in (*READERS["mlp"], "down_proj"))]  # fmt: skip
-        if not all(type(linear) is nn.Linear for linear in linears):
-            raise ConfigError(f"rotate: layer {index}'s projections are not all plain nn.Linear (already "
+        if not all(type(linear) is nn.Linear for linear in (*linears, root.lm_head)):
+            raise ConfigError(f"rotate: layer {index}'s projections or lm_head are not all plain nn.Linear (already "
                               "quantized?): apply rotate first, then the quantization recipe")  # fmt: skip
     head_dim = getattr(layers[0].self_attn, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return decoder, layers, head_dim
