@@ -12,6 +12,7 @@ import torch
 from lowbit.errors import ConfigError
 from lowbit.ops.hadamard import (
     OnlineHadamard,
+    Rotation,
     buildable_sizes,
     hadamard_factors,
     hadamard_matrix,
@@ -82,3 +83,12 @@ def test_transform_equals_dense_rotation(n):
 def test_transform_size_mismatch_refused():
     with pytest.raises(ConfigError, match="not the transform's size 12"):
         OnlineHadamard(12)(torch.zeros(2, 8))
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_factored_rotation_equals_dense(seed):
+    rotation, dense = Rotation(96, seed=seed), orthonormal_hadamard(96, seed=seed)
+    w = torch.randn(7, 96, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(rotation.matrix(), dense, atol=1e-14)
+    assert torch.allclose(rotation.right(w), w @ dense, atol=1e-12)
+    assert torch.allclose(rotation.left_transposed(w.T), dense.T @ w.T, atol=1e-12)

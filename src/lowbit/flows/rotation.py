@@ -35,7 +35,7 @@ from torch import nn
 
 from lowbit.errors import ConfigError
 from lowbit.flows.recipes import Rotate
-from lowbit.ops.hadamard import OnlineHadamard, hadamard_factors, orthonormal_hadamard
+from lowbit.ops.hadamard import OnlineHadamard, Rotation, factor_matrices, hadamard_factors, orthonormal_hadamard
 
 log = logging.getLogger("lowbit")
 
@@ -65,8 +65,8 @@ def rotate_model(root: nn.Module, recipe: Rotate) -> dict[str, Any]:
     online_down = recipe.online_down or bool(recipe.online_rotate)
     with torch.no_grad():
         untied = _untie(root, decoder)
-        q = orthonormal_hadamard(hidden, seed=recipe.seed if recipe.random_signs else None, where="rotate")
-        _set(decoder.embed_tokens.weight, decoder.embed_tokens.weight.double() @ q)
+        q = Rotation(hidden, seed=recipe.seed if recipe.random_signs else None, where="rotate")
+        _set(decoder.embed_tokens.weight, q.right(decoder.embed_tokens.weight))
         for layer in layers:
             _rotate_layer(layer, q, head_dim, recipe, online_down)
         _read_stream(decoder.norm, [root.lm_head], q)
@@ -105,12 +105,12 @@ def _layout(root: nn.Module) -> tuple[nn.Module, list[nn.Module], int]:
 
 
 def _check_sizes(hidden: int, head_dim: int, layers: list[nn.Module], recipe: Rotate) -> None:
-    orthonormal_hadamard(hidden, where=f"rotate (hidden_size {hidden})")  # ConfigError listing buildable sizes
+    factor_matrices(hidden, where=f"rotate (hidden_size {hidden})")  # ConfigError listing buildable sizes
     if recipe.rotate_heads:
-        orthonormal_hadamard(head_dim, where=f"rotate (head_dim {head_dim}; rotate_heads=False skips it)")
+        factor_matrices(head_dim, where=f"rotate (head_dim {head_dim}; rotate_heads=False skips it)")
     if recipe.online_down or recipe.online_rotate:
         size = layers[0].mlp.down_proj.in_features
-        orthonormal_hadamard(size, where=f"rotate (intermediate_size {size}; online_down=False skips it)")
+        factor_matrices(size, where=f"rotate (intermediate_size {size}; online_down=False skips it)")
 
 
 def _untie(root: nn.Module, decoder: nn.Module) -> bool:
@@ -130,20 +130,20 @@ def _set(parameter: torch.Tensor, value: torch.Tensor) -> None:
     parameter.copy_(value.to(parameter.dtype))
 
 
-def _read_stream(norm: nn.Module, linears: list[nn.Linear], q: torch.Tensor) -> None:
+def _read_stream(norm: nn.Module, linears: list[nn.Linear], q: Rotation) -> None:
     """Fold ``norm``'s weight into the Linears it feeds and rotate their inputs: ``W -> (W diag(g)) Q``."""
     gain = norm.weight.detach().double()
     for linear in linears:
-        _set(linear.weight, (linear.weight.double() * gain) @ q)
+        _set(linear.weight, q.right(linear.weight.double() * gain))
     norm.weight.fill_(1.0)
 
 
-def _write_stream(linear: nn.Linear, q: torch.Tensor, right: torch.Tensor | None = None) -> None:
+def _write_stream(linear: nn.Linear, q: Rotation, right: Rotation | None = None) -> None:
     """A Linear writing to the stream: ``W -> Q^T W (right)``, ``b -> Q^T b``."""
-    weight = q.T @ linear.weight.double()
-    _set(linear.weight, weight if right is None else weight @ right)
+    weight = q.left_transposed(linear.weight)
+    _set(linear.weight, weight if right is None else right.right(weight))
     if linear.bias is not None:
-        _set(linear.bias, q.T @ linear.bias.double())
+        _set(linear.bias, q.right(linear.bias))
 
 
 def _rotate_heads(attention: nn.Module, head: torch.Tensor) -> None:
@@ -159,7 +159,7 @@ def _rotate_heads(attention: nn.Module, head: torch.Tensor) -> None:
     _set(o_proj.weight, (columns @ head).reshape(o_proj.weight.shape))
 
 
-def _rotate_layer(layer: nn.Module, q: torch.Tensor, head_dim: int, recipe: Rotate, online_down: bool) -> None:
+def _rotate_layer(layer: nn.Module, q: Rotation, head_dim: int, recipe: Rotate, online_down: bool) -> None:
     attention, mlp = layer.self_attn, layer.mlp
     _read_stream(layer.input_layernorm, [getattr(attention, name) for name in READERS["attention"]], q)
     _read_stream(layer.post_attention_layernorm, [getattr(mlp, name) for name in READERS["mlp"]], q)
@@ -169,6 +169,6 @@ def _rotate_layer(layer: nn.Module, q: torch.Tensor, head_dim: int, recipe: Rota
     _write_stream(attention.o_proj, q)
     down_rotation = None
     if online_down:
-        down_rotation = orthonormal_hadamard(mlp.down_proj.in_features, where="rotate")
+        down_rotation = Rotation(mlp.down_proj.in_features, where="rotate")
         layer.mlp = HadamardGatedMLP(mlp)
     _write_stream(layer.mlp.down_proj, q, down_rotation)

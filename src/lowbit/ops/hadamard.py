@@ -135,10 +135,34 @@ def orthonormal_hadamard(n: int, *, seed: int | None = None, dtype: torch.dtype 
     Hadamard), all +1 when ``seed`` is None."""
     matrix = hadamard_matrix(n, where).to(torch.float64) / math.sqrt(n)
     if seed is not None:
-        generator = torch.Generator().manual_seed(seed)
-        signs = torch.randint(0, 2, (n,), generator=generator).to(torch.float64) * 2 - 1
-        matrix = signs[:, None] * matrix
+        matrix = random_signs(n, seed)[:, None] * matrix
     return matrix.to(dtype)
+
+
+def random_signs(n: int, seed: int) -> torch.Tensor:
+    """``n`` float64 signs +-1 drawn from ``seed`` (the diagonal of :func:`orthonormal_hadamard`)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 2, (n,), generator=generator).to(torch.float64) * 2 - 1
+
+
+class Rotation:
+    """``Q = diag(signs) H / sqrt(n)`` kept as its factors: :meth:`right` is ``x @ Q`` and :meth:`left_transposed`
+    ``Q^T w``, each ``sum(factors)`` multiply-adds per element (float64) instead of ``n``."""
+
+    def __init__(self, n: int, seed: int | None = None, where: str = "hadamard") -> None:
+        self.size = n
+        self.factors = [factor.to(torch.float64) for factor in factor_matrices(n, where)]
+        self.signs = None if seed is None else random_signs(n, seed)
+
+    def right(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.double()
+        return hadamard_transform(x if self.signs is None else x * self.signs, self.factors)
+
+    def left_transposed(self, w: torch.Tensor) -> torch.Tensor:
+        return self.right(w.T).T
+
+    def matrix(self) -> torch.Tensor:
+        return self.right(torch.eye(self.size, dtype=torch.float64))
 
 
 def hadamard_transform(x: torch.Tensor, factors: list[torch.Tensor]) -> torch.Tensor:
