@@ -115,8 +115,11 @@ def test_generation_unchanged(float64_norms):
     assert torch.equal(rotated.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0), expected)
 
 
-@pytest.mark.parametrize("recipe,options", [("mxfp4_e2m1", {"roles": ["data_in", "weight"]}),
-                                            ("int8_dynamic", {}), ("int4_weight_only", {"group_size": 16})])  # fmt: skip
+FOLLOWERS = [("mxfp4_e2m1", {"roles": ["data_in", "weight"]}), ("int8_dynamic", {}),
+             ("int4_weight_only", {"group_size": 16})]
+
+
+@pytest.mark.parametrize("recipe,options", FOLLOWERS)
 def test_any_recipe_follows(recipe, options):
     model = lowbit.quantize_(tiny(), "rotate", online_down=True)
     names = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]

@@ -310,8 +310,8 @@ class Rotate(Recipe):
         if self.online_rotate is not None:
             _flag(self.name, "online_rotate", self.online_rotate)
         if self.skip:
-            raise ConfigError(f"{self.name}: skip={list(self.skip)!r} is not supported (the residual rotation "
-                              "spans every layer; skip the layers in the quantization recipe that follows)")  # fmt: skip
+            raise ConfigError(f"{self.name}: skip={list(self.skip)!r} is not supported (the residual rotation spans "
+                              "every layer; skip layers in the quantization recipe that follows)")  # fmt: skip
 
 
 @dataclasses.dataclass

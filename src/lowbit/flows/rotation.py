@@ -49,7 +49,8 @@ class HadamardGatedMLP(nn.Module):
 
     def __init__(self, mlp: nn.Module) -> None:
         super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj, self.act_fn = mlp.gate_proj, mlp.up_proj, mlp.down_proj, mlp.act_fn
+        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.act_fn = mlp.act_fn
         weight = self.down_proj.weight
         self.hadamard = OnlineHadamard(self.down_proj.in_features).to(device=weight.device, dtype=weight.dtype)
 
