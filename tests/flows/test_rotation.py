@@ -74,8 +74,12 @@ OPTIONS = [{}, {"online_down": True}, {"random_signs": False}, {"rotate_heads": 
            {"online_rotate": True}]  # fmt: skip
 
 
-@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
-@pytest.mark.parametrize("kind,tied", [("llama", True), ("llama", False), ("qwen2", False), ("qwen3", True)])
+CASES = [("llama", True, options) for options in OPTIONS] + [
+    (kind, tied, options) for kind, tied in [("llama", False), ("qwen2", False), ("qwen3", True)]
+    for options in ({}, {"online_down": True})]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind,tied,options", CASES, ids=lambda case: str(case))
 def test_float64_function_kept(float64_norms, kind, tied, options):
     model = tiny(kind, tied, dtype=torch.float64)
     reference = model(ids()).logits
