@@ -3,7 +3,8 @@
 ``lowbit.quantize_(model, config, **options)`` quantizes ``model`` in place and returns it (torchao's
 convention). ``config`` is a typed recipe (:mod:`lowbit.flows.recipes`), a recipe name (``"int8_dynamic"``,
 ``"int8_weight_only"``, ``"int4_weight_only"``, ``"w8a8_static"``, llama.cpp's ``"gguf_q4_0"`` /
-``"gguf_q4_1"`` / ``"gguf_q8_0"``, ``"kv_cache"``: the attention operands of Hugging Face decoders), any
+``"gguf_q4_1"`` / ``"gguf_q8_0"``, ``"kv_cache"``: the attention operands of Hugging Face decoders,
+``"rotate"``: a Hadamard rotation of a Llama decoder that keeps its float function), any
 format name (``"mxfp4_e2m1"``: that format simulated for every role of every Linear / Conv), a ``{"recipe": ...}`` table, or MASE pass_args.
 ``lowbit.quantize_model`` is the same door returning ``(model, info)``.
 
@@ -32,6 +33,7 @@ from lowbit.flows.recipes import (
     KVCache,
     PassArgs,
     Recipe,
+    Rotate,
     W8A8Static,
     make_recipe,
     recipe_from_dict,
@@ -54,6 +56,10 @@ def quantize_model(model: Any, config: Any, **options: Any) -> tuple[Any, dict[s
         from lowbit.flows.kv_cache import quantize_kv_cache
 
         return model, quantize_kv_cache(root, recipe)
+    if isinstance(recipe, Rotate):
+        from lowbit.flows.rotation import rotate_model
+
+        return model, rotate_model(root, recipe)
     return model, real.quantize_real(root, recipe)
 
 
@@ -91,5 +97,5 @@ def describe(model: nn.Module) -> dict[str, str]:
 
 
 __all__ = ["RECIPES", "REAL_RECIPES", "FormatRecipe", "GGUFQ4_0", "GGUFQ4_1", "GGUFQ8_0", "GGUFWeightOnly",
-           "Int4WeightOnly", "Int8Dynamic", "Int8WeightOnly", "KVCache", "PassArgs", "Recipe", "W8A8Static", "describe",
-           "make_recipe", "quantize_", "quantize_model", "quantized_cache", "recipe_from_dict"]  # fmt: skip
+           "Int4WeightOnly", "Int8Dynamic", "Int8WeightOnly", "KVCache", "PassArgs", "Recipe", "Rotate", "W8A8Static",
+           "describe", "make_recipe", "quantize_", "quantize_model", "quantized_cache", "recipe_from_dict"]  # fmt: skip

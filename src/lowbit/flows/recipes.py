@@ -333,6 +333,33 @@ class KVCache(Recipe):
 
 
 @dataclasses.dataclass
+class Rotate(Recipe):
+    """QuaRot-style Hadamard rotation of a Llama-architecture decoder (``lowbit.flows.rotation``): norms folded,
+    the residual stream rotated, values / o_proj rotated per head, optionally an online Hadamard before each
+    down_proj; the float function is kept and every Linear stays an nn.Linear for the next recipe.
+    ``online_rotate`` is MASE's ``rotate_llama`` spelling of ``online_down``."""
+
+    name: ClassVar[str] = "rotate"
+    online_down: bool = False
+    rotate_heads: bool = True
+    random_signs: bool = True
+    seed: int = 0
+    online_rotate: bool | None = None
+
+    def check(self) -> None:
+        _flag(self.name, "online_down", self.online_down)
+        _flag(self.name, "rotate_heads", self.rotate_heads)
+        _flag(self.name, "random_signs", self.random_signs)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"{self.name}: seed={self.seed!r} must be a non-negative int")
+        if self.online_rotate is not None:
+            _flag(self.name, "online_rotate", self.online_rotate)
+        if self.skip:
+            raise ConfigError(f"{self.name}: skip={list(self.skip)!r} is not supported (the residual rotation spans "
+                              "every layer; skip layers in the quantization recipe that follows)")  # fmt: skip
+
+
+@dataclasses.dataclass
 class PassArgs(Recipe):
     """MASE-style ``pass_args`` (``{"by": "type", "linear": {"config": {...}}}``); ``real`` converts every
     quantized Linear whose formats a kernel runs into the real module (the others stay simulated)."""
@@ -353,7 +380,7 @@ class PassArgs(Recipe):
 
 RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in (Int8Dynamic, Int8WeightOnly, Int4WeightOnly, W8A8Static,
                                                                 GGUFQ4_0, GGUFQ4_1, GGUFQ8_0, FormatRecipe, KVCache,
-                                                                PassArgs)}  # fmt: skip
+                                                                PassArgs, Rotate)}  # fmt: skip
 REAL_RECIPES = ("int8_dynamic", "int8_weight_only", "int4_weight_only", "w8a8_static", "gguf_q4_0", "gguf_q4_1",
                 "gguf_q8_0")  # the gguf_* names are also formats: as a recipe they mean the real GGMLLinear
 
