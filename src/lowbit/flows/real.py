@@ -9,6 +9,7 @@ whose weight codes are the simulated weight's own codes (one rounding rule). Opt
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -79,13 +80,20 @@ def quantize_real(root: nn.Module, recipe: Recipe) -> dict[str, Any]:
     """Swap ``root``'s layers (in place) by a real recipe; returns the info dict."""
     conv = getattr(recipe, "include_conv", False)
     targets, kept = real_targets(root, recipe, conv)
+    smoothing = {}
+    if getattr(recipe, "smoothquant", None) is not None and targets:
+        from lowbit.flows.smoothing import smooth_quant
+
+        batches = list(recipe.calibration_data)  # read twice (w8a8_static calibrates after the smoothing)
+        recipe = dataclasses.replace(recipe, calibration_data=batches)
+        smoothing = smooth_quant(root, batches, float(recipe.smoothquant), targets)
     factory = _factory(recipe)(root, targets, recipe) if targets else None
     converted = {}
     for name, module in targets.items():
         new = factory(name, module)
         replace_module(root, name, new)
         converted[name] = type(new).__name__
-    info = {"recipe": recipe.name, "quantized": converted, "counts": dict(Counter(converted.values()))}
+    info = {"recipe": recipe.name, "quantized": converted, "counts": dict(Counter(converted.values())), **smoothing}
     note = int8_speed_note(recipe, targets)
     info = {**info, "note": note} if note else info
     return {**info, "kept": kept} if kept else info

@@ -86,6 +86,15 @@ def _choice(recipe: str, field: str, value: Any, legal: tuple) -> None:
                           f"legal: {', '.join(str(v) for v in legal)}")  # fmt: skip
 
 
+def _smoothquant(recipe: str, value: Any) -> None:
+    """``smoothquant``: None (off) or SmoothQuant's migration strength alpha in (0, 1]."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError(f"{recipe}: smoothquant={value!r} must be a number in (0, 1] (SmoothQuant's alpha) "
+                          "or None (off)")  # fmt: skip
+
+
 def _positive_int(recipe: str, field: str, value: Any, even: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (even and value % 2):
         raise ConfigError(f"{recipe}: {field}={value!r} must be a positive{' even' if even else ''} int")
@@ -101,6 +110,8 @@ class Int8Dynamic(Recipe):
     act_bits: int = 8
     include_conv: bool | str = "auto"  # see conv_option
     conv_channels_last: bool = False
+    smoothquant: float | None = None  # SmoothQuant's alpha (flows.smoothing), needs calibration_data
+    calibration_data: Any = None
 
     def check(self) -> None:
         _flag(self.name, "act_symmetric", self.act_symmetric)
@@ -108,6 +119,10 @@ class Int8Dynamic(Recipe):
         _choice(self.name, "act_bits", self.act_bits, (8, 7))
         conv_option(self.name, self.include_conv)
         _flag(self.name, "conv_channels_last", self.conv_channels_last)
+        _smoothquant(self.name, self.smoothquant)
+        if self.smoothquant is not None and self.calibration_data is None:
+            raise ConfigError(f"{self.name}: smoothquant={self.smoothquant!r} needs calibration_data= (batches the "
+                              "model can run) for the activations' per-channel maxima")  # fmt: skip
 
 
 COMPUTE_DTYPES = (None, "bf16", "f32")
@@ -203,12 +218,17 @@ class W8A8Static(Recipe):
     conv_channels_last: bool = False
     calibration: Any = None
     calibration_data: Any = None
+    smoothquant: float | None = None  # SmoothQuant's alpha (flows.smoothing), needs calibration_data
 
     def check(self) -> None:
         conv_option(self.name, self.include_conv)
         _flag(self.name, "conv_channels_last", self.conv_channels_last)
         if self.calibration is None and self.calibration_data is None:
             raise ConfigError(f"{self.name} needs calibration= (lowbit.ptq.calibrate(...)) or calibration_data=")
+        _smoothquant(self.name, self.smoothquant)
+        if self.smoothquant is not None and (self.calibration_data is None or self.calibration is not None):
+            raise ConfigError(f"{self.name}: smoothquant={self.smoothquant!r} needs calibration_data= and no "
+                              "calibration= (ranges taken before the smoothing would be stale)")  # fmt: skip
 
 
 @dataclasses.dataclass
