@@ -141,7 +141,8 @@ class Int8WeightOnly(Recipe):
 
 @dataclasses.dataclass
 class Int4WeightOnly(Recipe):
-    """Real int4 weights per group of ``group_size`` inputs; ``method`` "round" or "gptq" (needs data)."""
+    """Real int4 weights per group of ``group_size`` inputs; ``method`` "round", "gptq", "awq" or "awq+gptq"
+    (AWQ's folded scales, then GPTQ's codes); all but "round" need ``calibration_data``."""
 
     name: ClassVar[str] = "int4_weight_only"
     group_size: int = 32
@@ -160,7 +161,7 @@ class Int4WeightOnly(Recipe):
         _choice(self.name, "scale_dtype", self.scale_dtype, ("bf16", "f16", "f32"))
         _flag(self.name, "search", self.search)
         _choice(self.name, "compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
-        _choice(self.name, "method", self.method, ("round", "gptq"))
+        _choice(self.name, "method", self.method, ("round", "gptq", "awq", "awq+gptq"))
         if isinstance(self.damping, bool) or not isinstance(self.damping, (int, float)) or not 0 < self.damping < 1e6:
             raise ConfigError(f"{self.name}: damping={self.damping!r} must be a positive number")
         _positive_int(self.name, "block_size", self.block_size)
@@ -169,6 +170,9 @@ class Int4WeightOnly(Recipe):
         if self.method == "gptq" and self.calibration_data is None:
             raise ConfigError(f"{self.name}: method='gptq' needs calibration_data= (batches the model can run) "
                               "to build each layer's Hessian")  # fmt: skip
+        if self.method in ("awq", "awq+gptq") and self.calibration_data is None:
+            raise ConfigError(f"{self.name}: method={self.method!r} needs calibration_data= (batches the model can "
+                              "run) for the activation-aware scale search")  # fmt: skip
 
 
 @dataclasses.dataclass
