@@ -59,7 +59,7 @@ def test_awq_no_worse_than_round(setting):
     model, ids, reference = setting
     plain = _quantized(model, "round", search=False)[0]
     awq, info = _quantized(model, "awq")
-    assert len(info["awq"]) == 8 and all(0 <= entry["alpha"] < 1 for entry in info["awq"].values())
+    assert len(info["awq"]) == 9 and all(0 <= entry["alpha"] < 1 for entry in info["awq"].values())
     assert all(entry["error_ratio"] <= 1 for entry in info["awq"].values())
     assert _error(awq, reference, ids) < _error(plain, reference, ids)
     scaled_only = _quantized(model, "awq", search=False)[0]
@@ -70,7 +70,7 @@ def test_awq_then_gptq(setting):
     model, ids, reference = setting
     plain = _quantized(model, "round", search=False)[0]
     both, info = _quantized(model, "awq+gptq")
-    assert len(info["awq"]) == 8
+    assert len(info["awq"]) == 9
     assert _error(both, reference, ids) < _error(plain, reference, ids)
 
 

@@ -37,7 +37,8 @@ def test_llama_groups():
     groups, skipped = smoothing_groups(tiny_llama())
     layer = "model.layers.0"
     found = {group.producer: (sorted(group.consumers), group.repeat) for group in groups}
-    assert len(found) == 8 and not skipped
+    assert len(found) == 9 and not skipped
+    assert found["model.norm"] == (["lm_head"], 1)  # the final norm feeds the (untied) head
     assert found[f"{layer}.input_layernorm"][0] == [f"{layer}.self_attn.{p}_proj" for p in "kqv"]
     assert found[f"{layer}.self_attn.v_proj"] == ([f"{layer}.self_attn.o_proj"], 2)  # 4 heads read 2 kv heads
     assert found[f"{layer}.post_attention_layernorm"][0] == [f"{layer}.mlp.gate_proj", f"{layer}.mlp.up_proj"]
@@ -90,7 +91,7 @@ def test_unfoldable_norm_and_tied_weight_are_skipped():
     producers = {group.producer for group in groups}
     assert "does not scale" in skipped["model.layers.0.input_layernorm"]
     assert "shared" in skipped["model.layers.1.post_attention_layernorm"]
-    assert "model.layers.0.input_layernorm" not in producers and len(producers) == 5  # both gate_proj groups
+    assert "model.layers.0.input_layernorm" not in producers and len(producers) == 6  # both gate_proj groups
 
 
 def test_fold_refuses_non_positive_scales():
@@ -99,3 +100,19 @@ def test_fold_refuses_non_positive_scales():
         fold_scale(group, torch.zeros(group.channels))
     with pytest.raises(ValueError, match="positive"):
         fold_scale(group, torch.ones(group.channels + 1))
+
+
+def test_tied_head_folded_only_when_untied():
+    model = tiny_llama()
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's
+    assert "shared" in smoothing_groups(model)[1]["model.norm"]
+    groups = {group.producer: group for group in smoothing_groups(model, untie={"lm_head"})[0]}
+    embedding = model.model.embed_tokens.weight.detach().clone()
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(ids).logits
+        fold_scale(groups["model.norm"], torch.rand(64, dtype=torch.float64) * 20 + 0.05)
+        after = model(ids).logits
+    assert torch.equal(model.model.embed_tokens.weight, embedding)  # the head got its own copy
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
+    assert float((after - before).norm() / before.norm()) < 1e-5

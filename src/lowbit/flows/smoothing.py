@@ -11,17 +11,19 @@ model: in a pre-norm decoder layer (Llama, Mistral, Qwen, SmolLM: ``input_layern
 ``post_attention_layernorm`` (``pre_feedforward_layernorm`` where a layer has one), ``mlp.{gate,up,down}_proj``):
 input norm -> q / k / v, MLP norm -> gate / up, v_proj -> o_proj (attention is linear in the values; with
 grouped-query attention each value channel feeds ``repeat`` query heads, so o_proj's columns take s repeated),
-up_proj -> down_proj (the MLP is linear in up's output). In a BERT layer (``attention.self.{query,key,value}``,
+up_proj -> down_proj (the MLP is linear in up's output); and a causal LM's final ``model.norm`` -> ``lm_head``. In a BERT layer (``attention.self.{query,key,value}``,
 ``attention.output.dense``): value -> attention.output.dense only; its LayerNorms also feed the residual sums
 (post-norm) and intermediate.dense reaches output.dense through GELU, so those are skipped with the reason.
 A norm is folded only where a probe shows its output channels scale with its weight (Gemma's ``1 + weight``
-norms do not); a group whose consumer's weight is shared (tied) with another module is skipped.
+norms do not); a group whose consumer's weight is shared (tied) with another module is skipped, unless the
+caller is about to replace that consumer by a quantized module (``untie``: it then gets its own copy).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Container
 from typing import Any
 
 import torch
@@ -41,6 +43,7 @@ class SmoothGroup:
     consumers: dict[str, nn.Linear]
     repeat: int = 1
     head_dim: int = 1
+    untie: tuple[str, ...] = ()  # consumers whose shared (tied) weight gets its own copy when folded
 
     @property
     def channels(self) -> int:
@@ -117,8 +120,16 @@ def _is_encoder_layer(module: nn.Module) -> bool:
     return _linear(module, "attention", "self", "value") is not None and hasattr(module, "intermediate")
 
 
-def smoothing_groups(root: nn.Module) -> tuple[list[SmoothGroup], dict[str, str]]:
-    """Every foldable (producer, consumers) group of ``root`` and, per skipped place, why."""
+def _head_groups(name: str, module: nn.Module) -> tuple[list[tuple], dict[str, str]]:
+    """A causal LM's final norm -> lm_head (``model.norm``, ``lm_head``)."""
+    norm = getattr(getattr(module, "model", None), "norm", None)
+    return ([("model.norm", ["lm_head"], 1, 1)] if norm is not None else []), {}
+
+
+def smoothing_groups(root: nn.Module, untie: Container[str] = ()) -> tuple[list[SmoothGroup], dict[str, str]]:
+    """Every foldable (producer, consumers) group of ``root`` and, per skipped place, why. A consumer whose
+    weight is shared with another module (an lm_head tied to the embedding) is skipped unless it is in
+    ``untie`` (layers about to be replaced by quantized modules: the fold gives them their own copy)."""
     found, skipped = [], {}
     shared = _shared_weights(root)
     for name, layer in root.named_modules():
@@ -126,20 +137,23 @@ def smoothing_groups(root: nn.Module) -> tuple[list[SmoothGroup], dict[str, str]
             raw, why = _decoder_groups(name, layer)
         elif _is_encoder_layer(layer):
             raw, why = _encoder_groups(name, layer)
+        elif _linear(layer, "lm_head") is not None:
+            raw, why = _head_groups(name, layer)
         else:
             continue
         skipped.update(why)
+        prefix = f"{name}." if name else ""
         for producer_path, consumer_paths, repeat, head_dim in raw:
             producer = layer.get_submodule(producer_path)
-            consumers = {f"{name}.{path}": layer.get_submodule(path) for path in consumer_paths}
-            producer_name = f"{name}.{producer_path}"
+            consumers = {f"{prefix}{path}": layer.get_submodule(path) for path in consumer_paths}
+            tied = tuple(consumer for consumer, module in consumers.items() if id(module.weight) in shared)
             problem = _producer_problem(producer, consumers, repeat) or next(
-                (f"{consumer}'s weight is shared with another module" for consumer, module in consumers.items()
-                 if id(module.weight) in shared), None)  # fmt: skip
+                (f"{consumer}'s weight is shared with another module" for consumer in tied if consumer not in untie),
+                None)  # fmt: skip
             if problem:
-                skipped[producer_name] = problem
+                skipped[f"{prefix}{producer_path}"] = problem
             else:
-                found.append(SmoothGroup(producer_name, producer, consumers, repeat, head_dim))
+                found.append(SmoothGroup(f"{prefix}{producer_path}", producer, consumers, repeat, head_dim, tied))
     return found, skipped
 
 
@@ -196,7 +210,9 @@ def fold_scale(group: SmoothGroup, scale: torch.Tensor) -> None:
     scale = scale.double()
     _divide_producer(group.module, scale)
     expanded = group.expand(scale)
-    for module in group.consumers.values():
+    for name, module in group.consumers.items():
+        if name in group.untie:
+            module.weight = nn.Parameter(module.weight.detach().clone(), requires_grad=module.weight.requires_grad)
         module.weight.mul_(expanded.to(device=module.weight.device, dtype=module.weight.dtype))
 
 
@@ -224,7 +240,7 @@ def input_statistics(root: nn.Module, modules: dict[str, nn.Module], batches) ->
 def smooth_quant(root: nn.Module, batches, alpha: float, targets: dict[str, nn.Module] | None = None) -> dict[str, Any]:
     """SmoothQuant: s_j = max|X_j|^alpha / max|W_j|^(1 - alpha) per input channel, folded into every group
     whose consumers are all in ``targets`` (all groups when None); returns info (smoothed, skipped)."""
-    groups, skipped = smoothing_groups(root)
+    groups, skipped = smoothing_groups(root, untie=targets or ())
     if targets is not None:
         kept = [group for group in groups if all(name in targets for name in group.consumers)]
         skipped.update({group.producer: "a consumer is not quantized" for group in groups if group not in kept})
