@@ -9,6 +9,7 @@ whose weight codes are the simulated weight's own codes (one rounding rule). Opt
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -79,13 +80,21 @@ def quantize_real(root: nn.Module, recipe: Recipe) -> dict[str, Any]:
     """Swap ``root``'s layers (in place) by a real recipe; returns the info dict."""
     conv = getattr(recipe, "include_conv", False)
     targets, kept = real_targets(root, recipe, conv)
+    smoothing = {}
+    if getattr(recipe, "smoothquant", None) is not None and targets:
+        from lowbit.flows.smoothing import smooth_quant
+
+        batches = list(recipe.calibration_data)  # read twice (w8a8_static calibrates after the smoothing)
+        recipe = dataclasses.replace(recipe, calibration_data=batches)
+        smoothing = smooth_quant(root, batches, float(recipe.smoothquant), targets)
     factory = _factory(recipe)(root, targets, recipe) if targets else None
     converted = {}
     for name, module in targets.items():
         new = factory(name, module)
         replace_module(root, name, new)
         converted[name] = type(new).__name__
-    info = {"recipe": recipe.name, "quantized": converted, "counts": dict(Counter(converted.values()))}
+    info = {"recipe": recipe.name, "quantized": converted, "counts": dict(Counter(converted.values())), **smoothing,
+            **getattr(factory, "info", {})}  # fmt: skip
     note = int8_speed_note(recipe, targets)
     info = {**info, "note": note} if note else info
     return {**info, "kept": kept} if kept else info
@@ -136,20 +145,34 @@ def _int4_weight_only(root, targets, recipe: Int4WeightOnly):
         if module.in_features % recipe.group_size:
             raise ConfigError(f"{name}: in_features={module.in_features} is not divisible by group_size="
                               f"{recipe.group_size}; skip it (skip=[{name!r}]) or pick another group_size")  # fmt: skip
-    if recipe.method == "gptq":
+    awq_info, power = {}, None
+    if recipe.method in ("awq", "awq+gptq"):
+        from lowbit.flows.awq import awq_scale
+
+        recipe = dataclasses.replace(recipe, calibration_data=list(recipe.calibration_data))  # read twice
+        awq_info, power = awq_scale(root, targets, recipe.calibration_data, recipe.group_size, recipe.scale_dtype)
+    if recipe.method in ("gptq", "awq+gptq"):
         from lowbit.flows.gptq import gptq_modules
 
         built = gptq_modules(root, targets, recipe)
-        return lambda name, module: built[name]
+        return _with_info(lambda name, module: built[name], awq_info)
     if recipe.method == "hqq":
         return lambda name, module: _hqq_module(module, recipe)
     if not recipe.search:  # a plain format: the simulated affine 4-bit weight's own codes
         formats = recipe_formats(recipe)
-        return lambda name, module: linear_from_formats(module, formats, compute_dtype=recipe.compute_dtype)
-    power = input_power(root, targets, recipe.calibration_data) if recipe.calibration_data is not None else {}
-    return lambda name, module: Int4WeightOnlyLinear.from_float(
+        return _with_info(lambda name, module: linear_from_formats(module, formats, compute_dtype=recipe.compute_dtype),
+                          awq_info)  # fmt: skip
+    if power is None:
+        power = input_power(root, targets, recipe.calibration_data) if recipe.calibration_data is not None else {}
+    return _with_info(lambda name, module: Int4WeightOnlyLinear.from_float(
         module, group_size=recipe.group_size, scale_dtype=recipe.scale_dtype, search=True,
-        importance=power.get(name), compute_dtype=recipe.compute_dtype)  # fmt: skip
+        importance=power.get(name), compute_dtype=recipe.compute_dtype), awq_info)  # fmt: skip
+
+
+def _with_info(factory, info: dict[str, Any]):
+    """``factory`` carrying what its preparation did (``info``, merged into quantize_'s info)."""
+    factory.info = info
+    return factory
 
 
 def _hqq_module(module: nn.Linear, recipe: Int4WeightOnly) -> nn.Module:

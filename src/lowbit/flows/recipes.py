@@ -90,6 +90,15 @@ def _choice(recipe: str, field: str, value: Any, legal: tuple) -> None:
                           f"legal: {', '.join(str(v) for v in legal)}")  # fmt: skip
 
 
+def _smoothquant(recipe: str, value: Any) -> None:
+    """``smoothquant``: None (off) or SmoothQuant's migration strength alpha in (0, 1]."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError(f"{recipe}: smoothquant={value!r} must be a number in (0, 1] (SmoothQuant's alpha) "
+                          "or None (off)")  # fmt: skip
+
+
 def _positive_int(recipe: str, field: str, value: Any, even: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (even and value % 2):
         raise ConfigError(f"{recipe}: {field}={value!r} must be a positive{' even' if even else ''} int")
@@ -105,6 +114,8 @@ class Int8Dynamic(Recipe):
     act_bits: int = 8
     include_conv: bool | str = "auto"  # see conv_option
     conv_channels_last: bool = False
+    smoothquant: float | None = None  # SmoothQuant's alpha (flows.smoothing), needs calibration_data
+    calibration_data: Any = None
 
     def check(self) -> None:
         _flag(self.name, "act_symmetric", self.act_symmetric)
@@ -112,6 +123,13 @@ class Int8Dynamic(Recipe):
         _choice(self.name, "act_bits", self.act_bits, (8, 7))
         conv_option(self.name, self.include_conv)
         _flag(self.name, "conv_channels_last", self.conv_channels_last)
+        _smoothquant(self.name, self.smoothquant)
+        if self.smoothquant is not None and self.calibration_data is None:
+            raise ConfigError(f"{self.name}: smoothquant={self.smoothquant!r} needs calibration_data= (batches the "
+                              "model can run) for the activations' per-channel maxima")  # fmt: skip
+
+    def needs_data(self) -> bool:
+        return self.smoothquant is not None
 
 
 COMPUTE_DTYPES = (None, "bf16", "f32")
@@ -128,13 +146,14 @@ class Int8WeightOnly(Recipe):
         _choice(self.name, "compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
 
 
-INT4_METHODS = ("round", "gptq", "hqq")
+INT4_METHODS = ("round", "gptq", "hqq", "awq", "awq+gptq")
 
 
 @dataclasses.dataclass
 class Int4WeightOnly(Recipe):
-    """Real int4 weights per group of ``group_size`` inputs; ``method`` "round", "gptq" (needs data) or "hqq"
-    (data-free half-quadratic fit of each group's scale and zero point, ``hqq_iterations`` steps)."""
+    """Real int4 weights per group of ``group_size`` inputs; ``method`` "round", "gptq", "awq" or "awq+gptq"
+    (AWQ's folded scales, then GPTQ's codes), all but "round" needing ``calibration_data``, or "hqq" (data-free
+    half-quadratic fit of each group's scale and zero point, ``hqq_iterations`` steps)."""
 
     name: ClassVar[str] = "int4_weight_only"
     group_size: int = 32
@@ -162,13 +181,14 @@ class Int4WeightOnly(Recipe):
         _flag(self.name, "mask_padding", self.mask_padding)
         _positive_int(self.name, "hqq_iterations", self.hqq_iterations)
         if self.needs_data() and self.calibration_data is None:
+            reason = "to build each layer's Hessian" if self.method == "gptq" else "for the activation-aware scale search"
             raise ConfigError(f"{self.name}: method={self.method!r} needs calibration_data= (batches the model can "
-                              "run) to build each layer's Hessian")  # fmt: skip
+                              f"run) {reason}")  # fmt: skip
         if self.method == "hqq" and self.calibration_data is not None:
             raise ConfigError(f"{self.name}: method='hqq' is data-free; drop calibration_data= (or num_batches)")
 
     def needs_data(self) -> bool:
-        return self.method == "gptq"
+        return self.method in ("gptq", "awq", "awq+gptq")
 
 
 @dataclasses.dataclass
@@ -218,12 +238,17 @@ class W8A8Static(Recipe):
     conv_channels_last: bool = False
     calibration: Any = None
     calibration_data: Any = None
+    smoothquant: float | None = None  # SmoothQuant's alpha (flows.smoothing), needs calibration_data
 
     def check(self) -> None:
         conv_option(self.name, self.include_conv)
         _flag(self.name, "conv_channels_last", self.conv_channels_last)
         if self.needs_data() and self.calibration_data is None:
             raise ConfigError(f"{self.name} needs calibration= (lowbit.ptq.calibrate(...)) or calibration_data=")
+        _smoothquant(self.name, self.smoothquant)
+        if self.smoothquant is not None and (self.calibration_data is None or self.calibration is not None):
+            raise ConfigError(f"{self.name}: smoothquant={self.smoothquant!r} needs calibration_data= and no "
+                              "calibration= (ranges taken before the smoothing would be stale)")  # fmt: skip
 
     def needs_data(self) -> bool:
         return self.calibration is None
