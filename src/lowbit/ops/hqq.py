@@ -32,7 +32,8 @@ from lowbit.errors import FormatError
 from lowbit.ops.int4 import _group_codes
 
 CODE_MAX = 15.0
-DEFAULT_ITERATIONS, DEFAULT_P, BETA_START, KAPPA = 20, 0.7, 10.0, 1.01
+DEFAULT_ITERATIONS, DEFAULT_P, BETA_START, KAPPA = 20, 0.5, 10.0, 1.01
+BLOCK_ELEMENTS = 1 << 16  # weights per block of rows: the block's temporaries stay in the caches
 
 
 class HqqResult(NamedTuple):
@@ -51,38 +52,54 @@ def shrink(error: torch.Tensor, beta: float, p: float) -> torch.Tensor:
     return error.sign().mul_((magnitude - threshold).clamp_min_(0.0))
 
 
-def _update(codes: torch.Tensor, target: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor):
-    """The closed-form step: the least-squares scale of ``scale * (codes - zero_point) ~ target`` for the current
-    integer zero point, then the zero point that best centres the codes on ``target / scale``, rounded to an
-    integer in 0..15 (groups whose shifted codes are all 0 keep their scale)."""
-    shifted = codes - zero_point
-    spread = shifted.square().sum(-1, keepdim=True)
-    fitted = (shifted * target).sum(-1, keepdim=True).div_(spread.clamp_min(1e-30))
-    scale = torch.where((spread > 0) & (fitted > 0), fitted, scale)
-    zero_point = (codes - target / scale).mean(-1, keepdim=True).round_().clamp_(0.0, CODE_MAX)
-    return scale, zero_point
+def _step(groups: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, beta: float, p: float):
+    """One round of the two sub-problems for every group; returns (squared error of the current parameters,
+    next scale, next zero point). In code units (the weight over the scale), with codes q and residual r:
+
+    - the outlying part of the error is ``shrink(r)``, so the fit sees the residual ``c = r - shrink(r)``
+      (``sign(r) * min(|r|, |r|^(p-1) / beta)``: each element's pull capped) and the target ``q - z + c``;
+    - the least-squares scale for the codes against that target, at the current zero point ``z``, is
+      ``scale * (1 + sum((q - z) c) / sum((q - z)^2))``;
+    - the zero point that centres the codes on the target over the new scale is the rounded mean of
+      ``q - target / new_scale``.
+
+    Only four sums per group are needed (q, q^2, c, q c), so each step makes a handful of passes."""
+    count = groups.shape[-1]
+    shifted = groups * (1.0 / scale)
+    shifted += zero_point
+    codes = shifted.round().clamp_(0.0, CODE_MAX)
+    residual = shifted.sub_(codes)  # the error in code units
+    error = torch.linalg.vector_norm(residual, dim=-1, keepdim=True).mul_(scale).square_()
+    magnitude = residual.abs()
+    cap = magnitude.clamp_min(1e-12)
+    cap = cap.rsqrt_() if p == 0.5 else cap.pow_(p - 1.0)  # rsqrt: many times faster than pow on the CPU
+    cap = cap.mul_(1.0 / beta)
+    kept = torch.minimum(cap, magnitude, out=cap).copysign_(residual)
+    code_sum, kept_sum = codes.sum(-1, keepdim=True), kept.sum(-1, keepdim=True)
+    code_squares = torch.linalg.vector_norm(codes, dim=-1, keepdim=True).square_()
+    cross = torch.linalg.vecdot(codes, kept).unsqueeze(-1)
+    spread = code_squares - 2 * zero_point * code_sum + count * zero_point.square()
+    lift = (cross - zero_point * kept_sum) / spread.clamp_min(1e-30)
+    new_scale = torch.where((spread > 0) & (lift > -1), scale * (1 + lift), scale)
+    centre = (code_sum + kept_sum) / count - zero_point  # mean of the target in old code units
+    new_zero = (code_sum / count - centre * scale / new_scale).round_().clamp_(0.0, CODE_MAX)
+    return error, new_scale, new_zero
 
 
 def optimise(groups: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, iterations: int, p: float):
-    """Half-quadratic steps from (scale, integer zero point) [N, G, 1]; returns the pair of lowest squared error
-    met on the way (the start included)."""
+    """Half-quadratic steps from (scale, integer zero point) [N, G, 1], ``beta`` growing by ``KAPPA`` per step;
+    returns the pair of lowest squared error met on the way (the start included)."""
     beta = BETA_START
     best_scale, best_zero, best_error = scale, zero_point, None
-    for step in range(iterations + 1):
-        scaled = groups / scale
-        codes = torch.round(scaled + zero_point).clamp_(0.0, CODE_MAX)
-        residual = scaled.sub_(codes).add_(zero_point)  # the error in code units
-        error = residual.square().sum(-1, keepdim=True).mul_(scale.square())
-        if best_error is not None:
-            better = error < best_error
-            best_scale = torch.where(better, scale, best_scale)
-            best_zero = torch.where(better, zero_point, best_zero)
-            error = torch.where(better, error, best_error)
-        best_error = error
-        if step == iterations:
-            break
-        target = groups - shrink(residual, beta, p).mul_(scale)  # the weight less its outlying error
-        scale, zero_point = _update(codes, target, scale, zero_point)
+    for _ in range(iterations + 1):
+        error, next_scale, next_zero = _step(groups, scale, zero_point, beta, p)
+        if best_error is None:
+            best_error = error
+        better = error < best_error
+        best_scale = torch.where(better, scale, best_scale)
+        best_zero = torch.where(better, zero_point, best_zero)
+        best_error = torch.minimum(error, best_error)
+        scale, zero_point = next_scale, next_zero
         beta *= KAPPA
     return best_scale, best_zero
 
@@ -107,7 +124,10 @@ def hqq_quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype
     plain = _group_codes(groups, low, high, scale_dtype)  # min-max rounding: the start and the fallback
     start_scale = (high - low).div_(CODE_MAX).clamp_min_(1e-30)
     start_zero = torch.round(-low / start_scale).clamp_(0.0, CODE_MAX)
-    scale, zero_point = optimise(groups, start_scale, start_zero, iterations, p)
+    rows = max(1, BLOCK_ELEMENTS // k)
+    fitted = [optimise(groups[i : i + rows], start_scale[i : i + rows], start_zero[i : i + rows], iterations, p)
+              for i in range(0, n, rows)]  # fmt: skip
+    scale, zero_point = torch.cat([pair[0] for pair in fitted]), torch.cat([pair[1] for pair in fitted])
     tuned = _stored(groups, scale, zero_point, scale_dtype)
     errors = [(codes - zero_point).mul_(step).sub_(groups).square_().sum(-1, keepdim=True)
               for codes, step, zero_point in (plain, tuned)]  # fmt: skip
