@@ -65,7 +65,8 @@ def kept_residual(residual: torch.Tensor, beta: float, p: float) -> torch.Tensor
     return torch.minimum(cap, magnitude, out=cap).copysign_(residual)
 
 
-def _step(groups: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, beta: float, p: float):
+def _step(groups: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, beta: float, p: float,
+          low: torch.Tensor, high: torch.Tensor):  # fmt: skip
     """One round of the two sub-problems for every group; returns (squared error of the current parameters,
     next scale, next zero point). In code units (the weight over the scale), with codes q and residual r:
 
@@ -92,16 +93,25 @@ def _step(groups: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, b
     new_scale = torch.where((spread > 0) & (lift > -1), scale * (1 + lift), scale)
     centre = (code_sum + kept_sum) / count - zero_point  # mean of the target in old code units
     new_zero = (code_sum / count - centre * scale / new_scale).round_().clamp_(0.0, CODE_MAX)
-    return error, new_scale, new_zero
+    return error, torch.maximum(new_scale, _unclipped(low, high, new_zero)), new_zero
+
+
+def _unclipped(low: torch.Tensor, high: torch.Tensor, zero_point: torch.Tensor) -> torch.Tensor:
+    """The smallest scale whose grid reaches the group's extremes within half a step at ``zero_point``: the
+    largest weights are the ones a model is most sensitive to, so they are never clipped (measured on SmolLM2:
+    a free least-squares scale lowers the mean squared error but clips them, and perplexity gets worse)."""
+    return torch.maximum(high / (CODE_MAX - zero_point + 0.5), -low / (zero_point + 0.5))
 
 
 def optimise(groups: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, iterations: int, p: float):
-    """Half-quadratic steps from (scale, integer zero point) [N, G, 1], ``beta`` growing by ``KAPPA`` per step;
-    returns the pair of lowest squared error met on the way (the start included)."""
+    """Half-quadratic steps from (scale, integer zero point) [N, G, 1], ``beta`` growing by ``KAPPA`` per step,
+    the scale never below :func:`_unclipped`'s; returns the pair of lowest squared error met on the way."""
+    low = groups.amin(-1, keepdim=True).clamp_(max=0.0)
+    high = groups.amax(-1, keepdim=True).clamp_(min=0.0)
     beta = BETA_START
     best_scale, best_zero, best_error = scale, zero_point, None
     for _ in range(iterations + 1):
-        error, next_scale, next_zero = _step(groups, scale, zero_point, beta, p)
+        error, next_scale, next_zero = _step(groups, scale, zero_point, beta, p, low, high)
         if best_error is None:
             best_error = error
         better = error < best_error
