@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lowbit.ops import Int4WeightOnlyLinear
-from lowbit.ops.hqq import hqq_quantize, shrink
+from lowbit.ops.hqq import hqq_quantize, kept_residual, shrink
 from lowbit.ops.int4 import quantize_groups
 
 
@@ -99,3 +99,10 @@ def test_shrink_is_the_lp_soft_threshold():
     out = shrink(error, beta=10.0, p=0.7)
     assert float(out[0]) == 0.0 and float(out[1]) == 0.0 and float(out[2]) == 0.0  # small errors: all noise
     assert out[3] == pytest.approx(1.0 - 1.0 / 10.0) and out[4] == pytest.approx(-(2.0 - 2.0 ** -0.3 / 10.0))
+
+
+@pytest.mark.parametrize("p", [0.5, 0.7])
+def test_kept_residual_is_the_residual_less_its_shrunk_part(p):
+    residual = torch.cat([torch.zeros(1), torch.randn(999, generator=torch.Generator().manual_seed(3))])
+    expected = residual - shrink(residual, 12.0, p)
+    assert torch.allclose(kept_residual(residual, 12.0, p), expected, atol=1e-6)
