@@ -14,30 +14,20 @@ import lowbit
 from lowbit.errors import ConfigError
 
 transformers = pytest.importorskip("transformers")
+import tiny_llama  # noqa: E402 (tests/ is on sys.path: conftest.py)
 
 GROUP = 32
 
 
 def outlier_llama():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=128)  # fmt: skip
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-                norm.weight[[3, 17, 40]] *= 10
-    return model
+    return tiny_llama.outlier_llama(10)
 
 
 def _batches(count=16, seed=1):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 128, (1, 64), generator=generator) for _ in range(count)]
+    return tiny_llama.token_batches(count, 64, seed)
 
 
-def _error(model, reference, ids):
-    with torch.no_grad():
-        return float((model(ids).logits - reference).norm() / reference.norm())
+_error = tiny_llama.logits_error
 
 
 @pytest.fixture(scope="module")

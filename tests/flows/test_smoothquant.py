@@ -13,28 +13,18 @@ import lowbit
 from lowbit.errors import ConfigError
 
 transformers = pytest.importorskip("transformers")
+import tiny_llama  # noqa: E402 (tests/ is on sys.path: conftest.py)
 
 
 def outlier_llama():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=128)  # fmt: skip
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-                norm.weight[[3, 17, 40]] *= 50  # activation outlier channels
-    return model
+    return tiny_llama.outlier_llama(50)
 
 
-def _batches(count=4, generator_seed=1):
-    generator = torch.Generator().manual_seed(generator_seed)
-    return [torch.randint(0, 128, (1, 32), generator=generator) for _ in range(count)]
+def _batches(count=4, seed=1):
+    return tiny_llama.token_batches(count, 32, seed)
 
 
-def _error(model, reference, ids):
-    with torch.no_grad():
-        return float((model(ids).logits - reference).norm() / reference.norm())
+_error = tiny_llama.logits_error
 
 
 @pytest.mark.parametrize("recipe", ["int8_dynamic", "w8a8_static"])
