@@ -20,21 +20,13 @@ import dataclasses
 from typing import Any, ClassVar
 
 from lowbit.errors import ConfigError, did_you_mean
+from lowbit.flows.checks import conv_option, granularity_params  # noqa: F401 (granularity_params: public here too)
+from lowbit.flows.checks import choice as _choice
+from lowbit.flows.checks import flag as _flag
+from lowbit.flows.checks import positive_int as _positive_int
+from lowbit.flows.checks import smoothquant_option as _smoothquant
 
-GRANULARITIES = ("tensor", "channel", "token", "group")
 RUN_TIME_FIELDS = ("calibration_data", "calibration")  # batches / states: given at run time, never saved
-
-
-def granularity_params(granularity: str, group_size: int | None = None, where: str = "granularity") -> dict[str, Any]:
-    """The format parameters (``axis`` / ``block_size``, the formats' and observers' own spelling) of a
-    granularity word for a 2-D [rows, last dimension] tensor."""
-    _choice(where, "granularity", granularity, GRANULARITIES)
-    if granularity == "group":
-        _positive_int(where, "group_size", group_size)
-        return {"block_size": (1, group_size)}
-    if group_size is not None:
-        raise ConfigError(f"{where}: group_size={group_size!r} needs granularity='group'")
-    return {"tensor": {}, "channel": {"axis": 0}, "token": {"block_size": (1, -1)}}[granularity]
 
 
 @dataclasses.dataclass
@@ -68,40 +60,6 @@ class Recipe:
             value = getattr(self, field.name)
             out[field.name] = list(value) if isinstance(value, tuple) else value
         return out
-
-
-def conv_option(recipe: str, value: Any) -> None:
-    """``include_conv``: "auto" (the default) swaps each nn.Conv2d for Int8Conv2d where an exact int8
-    convolution faster than float32 runs on its device and keeps it in float, with the reason in
-    ``info["kept"]``, elsewhere; True swaps every one (the exact reference path where nothing faster runs);
-    False none."""
-    if value != "auto" and not isinstance(value, bool):
-        raise ConfigError(f"{recipe}: include_conv={value!r} must be true, false or \"auto\"")
-
-
-def _flag(recipe: str, field: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{recipe}: {field}={value!r} must be true or false")
-
-
-def _choice(recipe: str, field: str, value: Any, legal: tuple) -> None:
-    if not any(type(value) is type(option) and value == option for option in legal):  # 7.0 is not 7, True not 1
-        raise ConfigError(f"{recipe}: {field}={value!r}{did_you_mean(str(value), [str(v) for v in legal])}; "
-                          f"legal: {', '.join(str(v) for v in legal)}")  # fmt: skip
-
-
-def _smoothquant(recipe: str, value: Any) -> None:
-    """``smoothquant``: None (off) or SmoothQuant's migration strength alpha in (0, 1]."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ConfigError(f"{recipe}: smoothquant={value!r} must be a number in (0, 1] (SmoothQuant's alpha) "
-                          "or None (off)")  # fmt: skip
-
-
-def _positive_int(recipe: str, field: str, value: Any, even: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (even and value % 2):
-        raise ConfigError(f"{recipe}: {field}={value!r} must be a positive{' even' if even else ''} int")
 
 
 @dataclasses.dataclass
