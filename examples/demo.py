@@ -154,7 +154,7 @@ def minilm_flow() -> None:
 SMOLLM2_HEAD = 'model = "smollm2"\ndataset = "wikipedia"\nbatch_size = 1\nwindows = 4\n[passes.quantize_model]\n'
 SMOLLM2_VARIANTS = {  # name -> the [passes.quantize_model] table
     "int8 real": 'recipe = "int8_dynamic"\n',
-    "int8 real, SmoothQuant 0.5": 'recipe = "int8_dynamic"\nsmoothquant = 0.5\nnum_batches = 4\n',
+    "int8 real + SQ 0.5": 'recipe = "int8_dynamic"\nsmoothquant = 0.5\nnum_batches = 4\n',
     "int4 g64 real": 'recipe = "int4_weight_only"\ngroup_size = 64\nsearch = false\n',
 }
 
@@ -174,8 +174,8 @@ def smollm2_flow() -> None:
     lowbit("test", "smollm2", "wikipedia", "--windows", "4", "--project", "smollm2_fp32")
     fp32_ppl = json.loads((software("smollm2_fp32") / "test" / "metrics.json").read_text())["perplexity"]
     fp32_bytes = linear_bytes(fp32)
-    rows = [{"SmolLM2-135M": "fp32", "perplexity": f"{fp32_ppl:.3f}", "vs fp32": "", "Linear bytes": f"{fp32_bytes / 1e6:.1f} MB",
-             "bytes vs fp32": "1.00x", "prefill vs fp32": "1.00x", "decode vs fp32": "1.00x"}]  # fmt: skip
+    rows = [{"SmolLM2": "fp32", "perplexity": f"{fp32_ppl:.3f}", "vs fp32": "", "Linear bytes": f"{fp32_bytes / 1e6:.1f} MB",
+             "x fp32": "1.00x", "prefill": "1.00x", "decode": "1.00x"}]  # fmt: skip
     for index, (name, table) in enumerate(SMOLLM2_VARIANTS.items()):
         project = f"smollm2_{index}"
         config = OUT / f"{project}.toml"
@@ -187,17 +187,17 @@ def smollm2_flow() -> None:
         model = load_lowbit(folder).eval()
         with torch.inference_mode():
             prefill, decode = paired_generation(model, fp32, prompt)
-        rows.append({"SmolLM2-135M": name, "perplexity": f"{ppl:.3f}", "vs fp32": f"{100 * (ppl / fp32_ppl - 1):+.2f} %",
+        rows.append({"SmolLM2": name, "perplexity": f"{ppl:.3f}", "vs fp32": f"{100 * (ppl / fp32_ppl - 1):+.2f} %",
                      "Linear bytes": f"{linear_bytes(model) / 1e6:.1f} MB",
-                     "bytes vs fp32": f"{linear_bytes(model) / fp32_bytes:.2f}x", "prefill vs fp32": f"{prefill:.2f}x",
-                     "decode vs fp32": f"{decode:.2f}x"})  # fmt: skip
+                     "x fp32": f"{linear_bytes(model) / fp32_bytes:.2f}x", "prefill": f"{prefill:.2f}x",
+                     "decode": f"{decode:.2f}x"})  # fmt: skip
     print()
     show_table("SmolLM2-135M-Instruct, 4 x 512 test tokens of the built-in English Wikipedia text", rows)
-    print("int8 real: int8 weights per channel x int8 activations per token (integer kernels); SmoothQuant 0.5:\n"
+    print("int8 real: int8 weights per channel x int8 activations per token (integer kernels); + SQ 0.5: SmoothQuant,\n"
           "activation outliers moved into the weights by per-channel scales folded into the norms (calibrated on 4\n"
           "train windows); int4 g64: packed int4 weights in groups of 64, min-max rounded, float activations.\n"
-          "Prefill: 64 prompt tokens; decode: 16 greedy tokens with the key-value cache, batch 1; each a time ratio\n"
-          "against fp32 (best of 3, alternating with it).")
+          "Prefill (64 prompt tokens) and decode (16 greedy tokens with the key-value cache, batch 1): time against\n"
+          "fp32, best of 3, alternating with it.")
 
 
 def paired_generation(model, fp32, prompt, rounds: int = 3) -> tuple[float, float]:
