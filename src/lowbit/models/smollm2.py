@@ -68,7 +68,7 @@ def load_smollm2() -> tuple[Any, torch.nn.Module]:
 
     verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.set_verbosity_error()  # the GGUF reader's notices
-    logging.disable_progress_bar()  # and its progress bars ("Converting and de-quantizing GGUF tensors")
+    logging.disable_progress_bar()  # and transformers' own bars (the GGUF converter's tqdm bar still shows)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True,
                                                      dtype=torch.float32)  # fmt: skip
