@@ -33,8 +33,7 @@ from typing import NamedTuple
 
 import torch
 
-from lowbit.errors import FormatError
-from lowbit.ops.int4 import _group_codes
+from lowbit.ops.int4 import _group_codes, weight_groups
 
 CODE_MAX = 15.0
 DEFAULT_ITERATIONS, DEFAULT_P, BETA_START, KAPPA = 20, 0.5, 10.0, 1.01
@@ -135,11 +134,7 @@ def hqq_quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype
                  iterations: int = DEFAULT_ITERATIONS, p: float = DEFAULT_P) -> HqqResult:  # fmt: skip
     """uint8 codes [N, K], scales [N, K / g] (scale_dtype), uint8 zero points [N, K / g] of ``weight``."""
     n, k = weight.shape
-    groups = weight.detach().float().reshape(n, k // group_size, group_size)
-    if not bool(torch.isfinite(groups).all()):
-        raise FormatError("the weight has NaN or inf values; it cannot be quantized")
-    low = groups.amin(-1, keepdim=True).clamp(max=0.0)
-    high = groups.amax(-1, keepdim=True).clamp(min=0.0)
+    groups, low, high = weight_groups(weight, group_size)
     plain = _group_codes(groups, low, high, scale_dtype)  # min-max rounding: the start and the fallback
     start_scale = (high - low).div_(CODE_MAX).clamp_min_(1e-30)
     start_zero = torch.round(-low / start_scale).clamp_(0.0, CODE_MAX)

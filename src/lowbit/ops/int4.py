@@ -37,15 +37,21 @@ def _group_codes(groups: torch.Tensor, low: torch.Tensor, high: torch.Tensor, sc
     return codes, scale, zero_point
 
 
-def quantize_groups(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.bfloat16,
-                    search: bool = True, importance: torch.Tensor | None = None):  # fmt: skip
-    """uint8 codes [N, K], scales [N, K / g] (scale_dtype), uint8 zero points [N, K / g] of ``weight``."""
+def weight_groups(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``weight`` [N, K] as float32 groups [N, K / g, g] with each group's min-max range widened to hold 0
+    ([N, K / g, 1] low <= 0 <= high); FormatError on NaN / inf."""
     n, k = weight.shape
     groups = weight.detach().float().reshape(n, k // group_size, group_size)
     if not bool(torch.isfinite(groups).all()):
         raise FormatError("the weight has NaN or inf values; it cannot be quantized")
-    low0 = groups.amin(-1, keepdim=True).clamp(max=0.0)
-    high0 = groups.amax(-1, keepdim=True).clamp(min=0.0)
+    return groups, groups.amin(-1, keepdim=True).clamp(max=0.0), groups.amax(-1, keepdim=True).clamp(min=0.0)
+
+
+def quantize_groups(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.bfloat16,
+                    search: bool = True, importance: torch.Tensor | None = None):  # fmt: skip
+    """uint8 codes [N, K], scales [N, K / g] (scale_dtype), uint8 zero points [N, K / g] of ``weight``."""
+    n, k = weight.shape
+    groups, low0, high0 = weight_groups(weight, group_size)
     weights = None if importance is None else importance.float().reshape(1, k // group_size, group_size)
     best, best_error = None, None
     for low_factor in SHRINK_STEPS if search else (1.0,):
