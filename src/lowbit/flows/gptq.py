@@ -52,14 +52,17 @@ def gptq_modules(root: nn.Module, targets: dict[str, nn.Module], recipe: Int4Wei
                                                codes=result.codes, scale=result.scale, zero_point=result.zero_point,
                                                compute_dtype=recipe.compute_dtype)  # fmt: skip
 
-    def row_mask(batch):  # Hugging Face batches: padding tokens stay out of the Hessians
-        if recipe.mask_padding and hasattr(batch, "get") and hasattr(batch, "keys"):
-            return batch.get("attention_mask")
-        return None
-
     progress = progress or logging.getLogger("lowbit").info
+    row_mask = padding_mask if recipe.mask_padding else lambda batch: None
     return blockwise_gptq(root, targets, recipe.calibration_data, call_without_cache, quantize_layer, row_mask,
                           progress)  # fmt: skip
+
+
+def padding_mask(batch: Any) -> torch.Tensor | None:
+    """The attention mask of a Hugging Face batch (its padding tokens stay out of the Hessians), else None."""
+    if hasattr(batch, "get") and hasattr(batch, "keys"):
+        return batch.get("attention_mask")
+    return None
 
 
 # ---- a model, block after block --------------------------------------------------------------------------------

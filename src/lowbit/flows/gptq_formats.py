@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from lowbit.flows.blocks import call_without_cache
-from lowbit.flows.gptq import blockwise_gptq
+from lowbit.flows.gptq import blockwise_gptq, padding_mask
 from lowbit.flows.recipes import FormatRecipe
 from lowbit.nn.modules import QuantLinear
 from lowbit.nn.roles import RoleFormats
@@ -60,14 +60,9 @@ def gptq_layers(root: nn.Module, targets: dict[str, nn.Linear], plan: dict[str, 
             new.weight.copy_(stored)
         return new
 
-    def row_mask(batch):  # Hugging Face batches: padding tokens stay out of the Hessians
-        if hasattr(batch, "get") and hasattr(batch, "keys"):
-            return batch.get("attention_mask")
-        return None
-
     start = time.perf_counter()
     if targets:
-        blockwise_gptq(root, targets, batches, call_without_cache, quantize_layer, row_mask,
+        blockwise_gptq(root, targets, batches, call_without_cache, quantize_layer, padding_mask,
                        progress or logging.getLogger("lowbit").info)  # fmt: skip
     return {"layers": list(targets), "moved": sum(moved.values()), "seconds": time.perf_counter() - start}
 
