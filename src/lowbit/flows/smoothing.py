@@ -217,24 +217,19 @@ def fold_scale(group: SmoothGroup, scale: torch.Tensor) -> None:
 
 
 # ---- statistics and SmoothQuant --------------------------------------------------------------------------------
-def input_statistics(root: nn.Module, modules: dict[str, nn.Module], batches) -> dict[str, dict[str, torch.Tensor]]:
-    """Per watched module: max |x| and mean |x| per input channel over the calibration batches."""
-    stats: dict[str, dict[str, Any]] = {name: {"max": None, "sum": None, "rows": 0} for name in modules}
+def input_maxima(root: nn.Module, modules: dict[str, nn.Module], batches) -> dict[str, torch.Tensor]:
+    """Per watched module that the batches reach: max |x| per input channel over the calibration batches."""
+    maxima: dict[str, torch.Tensor] = {}
 
     def watch(name):
         def hook(module, inputs):
-            rows = inputs[0].detach().float().reshape(-1, inputs[0].shape[-1]).abs()
-            entry = stats[name]
-            peak, total = rows.amax(0), rows.sum(0)
-            entry["max"] = peak if entry["max"] is None else torch.maximum(entry["max"], peak)
-            entry["sum"] = total if entry["sum"] is None else entry["sum"] + total
-            entry["rows"] += rows.shape[0]
+            peak = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).abs().amax(0).float()
+            maxima[name] = peak if name not in maxima else torch.maximum(maxima[name], peak)
 
         return hook
 
     run_batches(root, batches, {module: watch(name) for name, module in modules.items()})
-    return {name: {"max": entry["max"], "mean": entry["sum"] / entry["rows"]}
-            for name, entry in stats.items() if entry["rows"]}  # fmt: skip
+    return maxima
 
 
 def smooth_quant(root: nn.Module, batches, alpha: float, targets: dict[str, nn.Module] | None = None) -> dict[str, Any]:
@@ -246,14 +241,14 @@ def smooth_quant(root: nn.Module, batches, alpha: float, targets: dict[str, nn.M
         skipped.update({group.producer: "a consumer is not quantized" for group in groups if group not in kept})
         groups = kept
     first = {group.producer: next(iter(group.consumers.items())) for group in groups}
-    stats = input_statistics(root, dict(first.values()), list(batches))
+    maxima = input_maxima(root, dict(first.values()), list(batches))
     smoothed = {}
     for group in groups:
         consumer = first[group.producer][0]
-        if consumer not in stats:
+        if consumer not in maxima:
             skipped[group.producer] = "the calibration batches never reach it"
             continue
-        activation = group.reduce(stats[consumer]["max"]).double()
+        activation = group.reduce(maxima[consumer]).double()
         weight = torch.stack([module.weight.detach().abs().amax(0) for module in group.consumers.values()]).amax(0)
         weight = group.reduce(weight.double().cpu())
         scale = activation.cpu().clamp_min(1e-5).pow(alpha) / weight.clamp_min(1e-5).pow(1 - alpha)
