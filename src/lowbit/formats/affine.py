@@ -211,7 +211,25 @@ class Affine(FormatSpec):
 
     def _quantize_block(self, blocked: torch.Tensor, dims: tuple[int, ...], generator, settle=None) -> torch.Tensor:
         scale, zero_point = self.parameters_from_block(blocked, dims, settle)
-        return self._fake_quantize(blocked, scale, zero_point, generator)
+        out = self._fake_quantize(blocked, scale, zero_point, generator)
+        return out if settle is None else self._settled_output(out, blocked, dims, settle)
+
+    def _settled_output(self, out: torch.Tensor, blocked: torch.Tensor, dims: tuple[int, ...],
+                        settle: torch.dtype) -> torch.Tensor:  # fmt: skip
+        """``out`` narrowed to ``settle`` (toward ``blocked``) and, where a second pass would still move it (the
+        settled parameters of a longer cycle), passed again until a pass leaves it: the result a second call
+        gives back unchanged. Each pass keeps the mode's direction from its own input, so the last keeps it
+        from ``blocked``; a block needs at most one extra pass in practice (tests/formats/test_affine_settle.py).
+        """
+        out = narrow_toward(out, blocked, settle).float()
+        for _ in range(_SETTLE_ROUNDS):
+            scale, zero_point = self._min_max_parameters(out, dims)
+            again = narrow_toward(self._fake_quantize(out, scale, zero_point, None), out, settle).float()
+            if bool(((again == out) | (again.isnan() & out.isnan())).all()):
+                return out
+            out = again
+        raise FormatError(f"{self.format_name}: rounding={self.rounding!r} found no result that a second pass "
+                          f"leaves in {settle} after {_SETTLE_ROUNDS} passes; quantize in float32 instead")
 
     def parameters_from_block(self, blocked: torch.Tensor, dims: tuple[int, ...],
                               settle: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -381,7 +399,9 @@ class Affine(FormatSpec):
         """The scale and zero point each element of ``x`` is quantized with, both shaped like ``x``.
 
         Given parameters are broadcast; derived ones are computed from ``x`` exactly as quantization does
-        (float32 math for float16 / bfloat16 input, float64 for float64).
+        (float32 math for float16 / bfloat16 input, float64 for float64). A directed mode's result narrowed to
+        a half / float8 dtype is not on this grid: it is narrowed toward x, and where a second pass would have
+        moved it, passed again (``_settled_output``).
         """
         check_tensor(x)
         work = x.detach() if x.dtype in (torch.float32, torch.float64) else x.detach().float()
