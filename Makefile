@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-no-vnni test-kernel-targets bench clean
+.PHONY: venv demo test test-compiled test-no-vnni test-kernel-targets bench clean
 
 venv: $(STAMP)
 
@@ -30,15 +30,24 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# pytest-xdist workers: one per core, at most 4 (each imports torch; on 2 cores two workers cut the suite from
+# ~12 to ~9 minutes: much of it is single-threaded Python, Inductor's compiles and the CLI's start-ups).
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))")
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
+
+# The torch.compile cases left out of `make test` for time (marker compile_matrix: each format whose first
+# compile with a cold Inductor cache takes over ~5 s on 2 cores); CI runs them after `make test`.
+test-compiled: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m compile_matrix
 
 # The integer kernels as an AVX2 CPU without VNNI runs them (see docs/real-execution.md, "Machines").
 # Its own Inductor cache: kernels cached by a run without ATEN_CPU_CAPABILITY=avx2 compute wrong values when
 # loaded under it (torch 2.13; reproduced with lowbit's fused per-token quantizer, 7-bit codes).
 test-no-vnni: $(STAMP)
 	cache=$$(mktemp -d) && FBGEMM_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 \
-		TORCHINDUCTOR_CACHE_DIR=$$cache $(PY) -m pytest -q tests/ops tests/export; status=$$?; rm -rf $$cache; exit $$status
+		TORCHINDUCTOR_CACHE_DIR=$$cache $(PY) -m pytest -q -n $(TEST_WORKERS) tests/ops tests/export; status=$$?; rm -rf $$cache; exit $$status
 
 # The native kernels built for other x86-64 classes and run here: x86-64-v3 (AVX2, FMA: eight-lane vectors
 # and AVX2 intrinsics, what Zen 3 and most cloud VMs compile) and x86-64-v2 (SSE4.2: generic vector code),
@@ -49,7 +58,7 @@ test-kernel-targets: $(STAMP)
 		if ! $(PY) -c "$$RUNS_TARGET" $$target; then \
 			echo "test-kernel-targets: this CPU cannot run $$target code; left out"; continue; fi; \
 		echo "test-kernel-targets: LOWBIT_NATIVE_MARCH=$$target"; \
-		LOWBIT_NATIVE_MARCH=$$target $(PY) -m pytest -q -p no:cacheprovider tests/native || exit 1; \
+		LOWBIT_NATIVE_MARCH=$$target $(PY) -m pytest -q -n $(TEST_WORKERS) -p no:cacheprovider tests/native || exit 1; \
 	done
 
 BENCH_STAMP := $(VENV)/.bench-installed

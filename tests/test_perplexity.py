@@ -135,3 +135,7 @@ def test_smollm2_on_two_wikipedia_windows():
     lowbit.quantize_(model, "int8_weight_only", skip=["lm_head"])
     # 256 tokens scored: measured +1.02 % here (the 0.5 % goal is over 16 x 512 windows, benchmarks)
     assert abs(lowbit.perplexity(model, ids, seqlen=128, windows=2) / fp32 - 1) < 0.02
+    # a second load in the process is a copy of the float model, untouched by the quantization of the first
+    _, again = load_smollm2()
+    assert type(again.model.layers[0].mlp.down_proj) is torch.nn.Linear and again is not model
+    assert lowbit.perplexity(again, ids, seqlen=128, windows=2) == fp32

@@ -15,6 +15,8 @@ both): the package declares llama-cpp-python, which lowbit does not need, and it
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 import importlib.util
 import os
@@ -60,23 +62,58 @@ def load_smollm2_tokenizer() -> Any:
 
 
 def load_smollm2() -> tuple[Any, torch.nn.Module]:
-    """(tokenizer, LlamaForCausalLM in eval mode, float32) from the installed package, without network access."""
+    """(tokenizer, LlamaForCausalLM in eval mode, float32) from the installed package, without network access.
+
+    The first call in a process reads the GGUF file (about 35 s on 2 cores, the tokenizer aside); later calls
+    get a fresh copy of that float model (under a second), each theirs to change: the CLI steps of ``make demo``
+    and the suite's SmolLM2 checks each read it once. ``load_smollm2.cache_clear()`` frees the kept copy."""
+    smollm2_gguf()  # the package is there (a clear error if not) before anything kept is handed out
+    return load_smollm2_tokenizer(), copy.deepcopy(_float_model())
+
+
+@functools.lru_cache(maxsize=1)
+def _float_model() -> torch.nn.Module:
+    """The float32 model as transformers reads it from the GGUF file (kept; never handed out)."""
     path = smollm2_gguf()
-    tokenizer = load_smollm2_tokenizer()
+    _needs()
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
     verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.set_verbosity_error()  # the GGUF reader's notices
-    logging.disable_progress_bar()  # and transformers' own bars (the GGUF converter's tqdm bar still shows)
+    logging.disable_progress_bar()  # and transformers' own bars
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True,
-                                                     dtype=torch.float32)  # fmt: skip
+        with _quiet_gguf_converter():
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                         local_files_only=True, dtype=torch.float32)  # fmt: skip
     finally:
         logging.set_verbosity(verbosity)
         if bars:
             logging.enable_progress_bar()
-    return tokenizer, as_plain_float(model).eval()
+    return as_plain_float(model).eval()
+
+
+load_smollm2.cache_clear = _float_model.cache_clear  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def _quiet_gguf_converter():
+    """transformers' GGUF converter draws its own tqdm bar, which neither its logging switch nor TQDM_DISABLE
+    (read when tqdm is imported) turns off: its module's ``tqdm`` name is given a disabled bar meanwhile."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as converter
+    except ImportError:  # another layout of transformers: its bar shows, nothing else changes
+        yield
+        return
+    bar = getattr(converter, "tqdm", None)
+    if bar is None:
+        yield
+        return
+    converter.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        converter.tqdm = bar
 
 
 def as_plain_float(model: torch.nn.Module) -> torch.nn.Module:
