@@ -11,6 +11,8 @@
   class names to classes for ``lowbit.save`` / ``lowbit.load``.
 - :mod:`lowbit.ops.ggml`: ``GGMLLinear``, weight-only on llama.cpp's Q4_0 / Q4_1 / Q8_0 block codes
   (the ``gguf_q4_0`` / ``gguf_q4_1`` / ``gguf_q8_0`` recipes, ``lowbit.load_gguf``, ``lowbit.export_gguf``).
+- :mod:`lowbit.ops.format_weight`: ``FormatWeightLinear``, weight-only on the packed codes of formats no
+  integer kernel runs (NVFP4, NF4, codebooks), rebuilt per call (``lowbit.convert.to_real``).
 - :mod:`lowbit.ops.conv_modules`: ``Int8Conv2d`` (int8 weights, static or dynamic int8 activations; oneDNN
   fast path checked against an exact reference).
 - :mod:`lowbit.ops.gptq`: GPTQ error-compensating rounding for the int4 weights
@@ -20,6 +22,7 @@
 from lowbit.ops.conv import quantized_conv2d
 from lowbit.ops.conv_modules import Int8Conv2d
 from lowbit.ops.dynamic import Int8DynamicLinear
+from lowbit.ops.format_weight import FormatWeightLinear
 from lowbit.ops.ggml import GGMLLinear
 from lowbit.ops.int4 import Int4WeightOnlyLinear
 from lowbit.ops.integer import AffineCodes, quantized_concat, quantized_linear, quantized_matmul
@@ -32,7 +35,7 @@ from lowbit.ops.modules import (
 from lowbit.ops.quant import dequantize, fake_quantize, quantize
 
 __all__ = [
-    "REAL_MODULES", "AffineCodes", "GGMLLinear", "Int4WeightOnlyLinear", "Int8Conv2d", "Int8DynamicLinear", "Int8WeightOnlyLinear",
+    "REAL_MODULES", "AffineCodes", "FormatWeightLinear", "GGMLLinear", "Int4WeightOnlyLinear", "Int8Conv2d", "Int8DynamicLinear", "Int8WeightOnlyLinear",
     "RealQuantLinear", "W8A8StaticLinear", "dequantize", "fake_quantize", "quantize", "quantized_concat",
     "quantized_conv2d", "quantized_linear", "quantized_matmul",
 ]  # fmt: skip

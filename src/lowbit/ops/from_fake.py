@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lowbit.ops.format_weight import PACKED_WEIGHT_FORMATS, FormatWeightLinear
 from lowbit.ops.ggml import GGMLLinear
 from lowbit.ops.int4 import Int4WeightOnlyLinear
 from lowbit.ops.dynamic import Int8DynamicLinear
@@ -31,9 +32,11 @@ def _plain_affine(spec, bits: int, scale_dtypes: tuple[str, ...] = ("f32",)) -> 
 
 
 def _weight_kind(spec) -> tuple[str | None, str]:
-    """("int8" | "int4" | "gguf", group size, ggml type or '') or (None, why)."""
+    """("int8" | "int4" | "gguf" | "codes", group size, ggml type or '') or (None, why)."""
     if spec is not None and spec.format_name.startswith("gguf_"):
         return "gguf", spec.ggml_type
+    if spec is not None and spec.format_name in PACKED_WEIGHT_FORMATS:
+        return "codes", ""
     if _plain_affine(spec, 8) is None and spec.symmetric and spec.signed and spec.scale is None:
         if spec.axis in (0, -2) and spec.block_size is None:
             return "int8", ""
@@ -43,13 +46,16 @@ def _weight_kind(spec) -> tuple[str | None, str]:
         if len(block) == 2 and block[0] == 1 and block[1] > 1:
             return "int4", str(block[1])
     return None, (f"weight {spec.describe() if spec is not None else 'float'} has no kernel "
-                  "(kernels: affine 8-bit symmetric axis=0, affine 4-bit block_size [1, g], gguf_q4_0 / q4_1 / q8_0)")
+                  "(kernels: affine 8-bit symmetric axis=0, affine 4-bit block_size [1, g], gguf_q4_0 / q4_1 / q8_0; "
+                  f"packed codes rebuilt per call: {' / '.join(PACKED_WEIGHT_FORMATS)})")
 
 
 def _data_kind(spec) -> tuple[str | None, str]:
     """("none" | "token" | "tensor" | "static", "") or (None, why)."""
     if spec is None:
         return "none", ""
+    if spec.format_name != "affine":
+        return None, f"data_in: {_plain_affine(spec, 8)}"
     dynamic = spec.scale is None and spec.axis is None and tuple(spec.block_size or ()) in ((1, -1), ())
     # 7-bit dynamic codes run on the same kernels (one exact fbgemm call on CPUs without VNNI)
     why = _plain_affine(spec, 7 if dynamic and getattr(spec, "bits", 8) == 7 else 8)
@@ -78,6 +84,10 @@ def convert_quant_linear(module, compute_dtype: str | None = None) -> tuple[nn.M
     data, why = _data_kind(formats.data_in)
     if data is None:
         return None, why
+    if weight == "codes":
+        if data != "none":
+            return None, f"{formats.weight.format_name} weights run weight-only (data_in must have no format)"
+        return FormatWeightLinear.from_float(module, formats.weight, compute_dtype), ""
     if weight == "gguf":
         if data != "none":
             return None, "ggml block weights run weight-only (data_in must have no format)"
