@@ -86,6 +86,26 @@ def test_weight_only_never_changes_the_dtype_of_a_float32_model(cpu_class):
         assert routes.weight_only(CPU, 64, torch.bfloat16, "int4pack", True, 32) == "dequantize_bf16"
 
 
+@pytest.mark.parametrize("cpu_class", sorted(capabilities.CLASS_PRESETS))
+def test_the_native_weight_only_kernel_serves_many_rows_only_where_it_measured_faster(cpu_class):
+    with capabilities.injected(cpu_class):
+        fast = capabilities.probe("native_linear_rows_fast")
+        for rows, want in ((1, "native"), (2, "native"), (4, "native" if fast else "dequantize"),
+                           (64, "native" if fast else "dequantize"), (129, "dequantize")):  # fmt: skip
+            assert routes.weight_only(CPU, rows, torch.float32, "int4pack", True, 32, native=True) == want
+        assert routes.weight_only(CPU, 1, torch.float32, "int4pack", True, 32, native=False) == "dequantize"
+    assert capabilities.CLASS_PRESETS["avx2"][1]["native_linear_rows_fast"] is False  # measured on Zen 3
+
+
+def test_the_native_rows_probe_measures_this_machine():
+    from lowbit import native
+
+    if native.ensure() is None:
+        pytest.skip(f"no native library: {native.error()}")
+    answer = capabilities.PROBES["native_linear_rows_fast"](CPU)
+    assert isinstance(answer, bool)  # a timing: either answer is right somewhere; it must run and decide
+
+
 def test_cpu_class_from_flags():
     def cls(*flags):
         return capabilities.Machine("cpu", frozenset(flags)).cpu_class

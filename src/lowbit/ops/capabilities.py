@@ -15,7 +15,9 @@ written on could do. A probe is a measurement on the machine at hand:
 - ``onednn_linear_exact``: oneDNN's quantized linear gives exact sums; ``onednn_linear_fast``: and it is
   measured faster than ``torch._int_mm`` (AMX tiles);
 - ``native_int8_fast``: lowbit's own exact int8 kernel (int16 pairs into int32, ``lowbit.native.gemm``) with its
-  quantize and rescale passes is faster than a float32 Linear (asked only where fbgemm / oneDNN saturate).
+  quantize and rescale passes is faster than a float32 Linear (asked only where fbgemm / oneDNN saturate);
+- ``native_linear_rows_fast``: lowbit's native weight-only kernel beats rebuilding the float32 weight at 64
+  rows (so it serves up to 128 rows; else only batches of 1-2 rows, as in decoding).
 
 Tests replace the flags and probe outcomes with :func:`injected` (a whole CPU class at once, on one
 machine), so the decision tables are tested for every class wherever the suite runs.
@@ -43,19 +45,19 @@ CLASS_PRESETS: dict[str, tuple[frozenset[str], dict[str, bool]]] = {
     "amx": (frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"}),
             {"fbgemm_exact": True, "fbgemm_half_exact": True, "int_mm_exact": True, "int_mm_fast": True, "bfloat16_fast": True,
              "onednn_linear_exact": True, "onednn_linear_fast": True, "onednn_conv_exact": True,
-             "native_int8_fast": False}),
+             "native_int8_fast": False, "native_linear_rows_fast": True}),
     "avx512_bf16": (frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}),
                     {"fbgemm_exact": True, "fbgemm_half_exact": True, "int_mm_exact": True, "int_mm_fast": True, "bfloat16_fast": True,
                     "onednn_linear_exact": True, "onednn_linear_fast": False, "onednn_conv_exact": True,
-                    "native_int8_fast": False}),
+                    "native_int8_fast": False, "native_linear_rows_fast": True}),
     "avx512_vnni": (frozenset({"avx2", "avx512f", "avx512_vnni"}),
                     {"fbgemm_exact": True, "fbgemm_half_exact": True, "int_mm_exact": True, "int_mm_fast": True, "bfloat16_fast": False,
                     "onednn_linear_exact": True, "onednn_linear_fast": False, "onednn_conv_exact": True,
-                    "native_int8_fast": False}),
+                    "native_int8_fast": False, "native_linear_rows_fast": True}),
     "avx2": (frozenset({"avx2", "fma"}),
              {"fbgemm_exact": False, "fbgemm_half_exact": True, "int_mm_exact": True, "int_mm_fast": False, "bfloat16_fast": False,
              "onednn_linear_exact": False, "onednn_linear_fast": False, "onednn_conv_exact": False,
-             "native_int8_fast": True}),
+             "native_int8_fast": True, "native_linear_rows_fast": False}),
 }  # fmt: skip
 
 

@@ -230,6 +230,26 @@ def _native_int8_fast(device: torch.device) -> bool:
     return capabilities.best_seconds(integer) < capabilities.best_seconds(lambda: torch.nn.functional.linear(x, weight))
 
 
+@capabilities.register_probe("native_linear_rows_fast")
+def _native_linear_rows_fast(device: torch.device) -> bool:
+    """lowbit's native weight-only kernel (``lowbit.native.linear``, int8 codes) against the dequantize route
+    (the float32 weight rebuilt, then a float32 Linear) at 64 rows of 1024 -> 1024, best of 7 each: whether
+    the kernel is the faster route past a couple of rows here (Zen 5: up to 128 rows; Zen 3: not from 4-8)."""
+    from lowbit.native import linear as native_linear
+
+    if device.type != "cpu":
+        return False
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 1024, generator=generator)
+    codes = torch.randint(-127, 128, (1024, 1024), generator=generator, dtype=torch.int16).to(torch.int8)
+    scale = torch.rand(1024, generator=generator) + 0.5
+    if native_linear.int8_linear(x, codes, scale, None) is None:
+        return False
+    kernel = capabilities.best_seconds(lambda: native_linear.int8_linear(x, codes, scale, None))
+    rebuilt = capabilities.best_seconds(lambda: torch.nn.functional.linear(x, codes.float().mul_(scale.reshape(-1, 1))))
+    return kernel < rebuilt
+
+
 # ---- oneDNN (AMX) ------------------------------------------------------------------------------------------
 def onednn_pack(codes: torch.Tensor):
     """oneDNN's packed int8 weight for :func:`onednn_sums` (codes [N, K])."""

@@ -47,6 +47,11 @@ FUSED_MIN_ROWS = 256  # from here the per-token quantize / rescale steps run com
 # from 256 rows (int8 1024²: 1.06 against 1.00, 4096²: 1.35 against 0.95), where the sgemm of the rebuilt
 # weight pulls ahead.
 NATIVE_MAX_ROWS = 128
+# On Zen 3 (AVX2, quiet, 2 threads) the same kernels lose to the dequantize route from 4-8 rows (x the rebuilt
+# weight's sgemm at 64 rows: int4 g64 576 -> 1536 8.8x, 1536 -> 576 3.4x, 576 -> 49152 4.8x) and win at 1-2 rows
+# (int4 0.51 / 0.27 / 0.36x): past NATIVE_FEW_ROWS the kernel is taken only where the probe
+# ``native_linear_rows_fast`` finds it ahead at 64 rows on the machine at hand.
+NATIVE_FEW_ROWS = 2
 _warned: set[tuple[str, str, str]] = set()
 
 
@@ -176,11 +181,14 @@ def int8_conv_problem(device: torch.device) -> str | None:
 
 def weight_only(device: torch.device, rows: int, compute_dtype: torch.dtype, packed_path: str, packed_fits: bool,
                 small_batch: int, native: bool = False) -> str:  # fmt: skip
-    """The path of a weight-only Linear: float32 compute stays float32 (the "native" kernel for up to
-    NATIVE_MAX_ROWS rows on the CPU where the module has one and it is loaded, else "dequantize"); bfloat16
+    """The path of a weight-only Linear: float32 compute stays float32 (the "native" kernel on the CPU where the
+    module has one and it is loaded, for up to NATIVE_FEW_ROWS rows, or NATIVE_MAX_ROWS where the probe
+    ``native_linear_rows_fast`` says so; else "dequantize"); bfloat16
     compute (a bfloat16 model or an explicit ``compute_dtype``) takes the packed bfloat16 kernel for few rows."""
     if compute_dtype != torch.bfloat16:
-        return "native" if native and device.type == "cpu" and rows <= NATIVE_MAX_ROWS else "dequantize"
+        if not native or device.type != "cpu" or rows > NATIVE_MAX_ROWS:
+            return "dequantize"
+        return "native" if rows <= NATIVE_FEW_ROWS or capabilities.probe("native_linear_rows_fast", device) else "dequantize"
     if device.type == "cpu" and rows <= small_batch and packed_fits and capabilities.probe(packed_path, device):
         return packed_path
     return "dequantize_bf16"
