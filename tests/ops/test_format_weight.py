@@ -102,3 +102,11 @@ def test_bad_configs_are_one_clear_error():
         layer = FormatWeightLinear.from_float(torch.nn.Linear(32, 8), "nvfp4")
         layer.path = "packed"
         layer(torch.randn(2, 32))
+
+
+def test_onnx_export_refuses_the_codes_with_one_clear_error(tmp_path):
+    pytest.importorskip("onnxscript")
+    _, real = _simulated_and_real("nvfp4", {})
+    with pytest.raises(lowbit.LowbitError, match="layer '0': a FormatWeightLinear holds NVFP4 / NF4 / codebook codes"):
+        lowbit.export_onnx(real, (torch.randn(2, 128),), tmp_path / "model.onnx")
+    assert not (tmp_path / "model.onnx").exists()

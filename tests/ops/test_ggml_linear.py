@@ -95,3 +95,11 @@ def test_refusals():
         GGMLLinear.from_float(nn.Linear(32, 2).requires_grad_(False).apply(lambda m: m.weight.fill_(float("nan"))))
     with pytest.raises(FormatError, match="bytes"):
         fields_from_block_bytes("q4_0", np.zeros(17, dtype=np.uint8), (1, 32))
+
+
+def test_onnx_export_refuses_ggml_codes_with_one_clear_error(tmp_path):
+    pytest.importorskip("onnxscript")
+    model = torch.nn.Sequential(torch.nn.Linear(64, 16))
+    lowbit.quantize_(model, "gguf_q4_0")
+    with pytest.raises(lowbit.LowbitError, match="layer '0': a GGMLLinear holds llama.cpp's block codes"):
+        lowbit.export_onnx(model, (torch.randn(2, 64),), tmp_path / "model.onnx")  # was a TypeError traceback

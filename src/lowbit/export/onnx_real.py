@@ -30,6 +30,7 @@ from torch import nn
 
 from lowbit.ops import REAL_MODULES, Int4WeightOnlyLinear, Int8Conv2d, Int8DynamicLinear, Int8WeightOnlyLinear
 from lowbit.ops import W8A8StaticLinear
+from lowbit.export._errors import ExportError
 from lowbit.ops.quant import token_codes
 
 SHIFT = 128  # signed codes c are stored as the uint8 c + 128 with zero point 128
@@ -182,11 +183,22 @@ def stand_in(module: nn.Module) -> tuple[nn.Module, dict[str, str]]:
     raise TypeError(f"no ONNX stand-in for {name}")
 
 
+# Real modules whose codes no ONNX operator that onnxruntime runs can hold: the answer when one is exported.
+NO_ONNX = {"GGMLLinear": "llama.cpp's block codes (ggml types have no ONNX operator; lowbit.export_gguf writes them)",
+           "FormatWeightLinear": "NVFP4 / NF4 / codebook codes (onnxruntime runs no FP4 or look-up-table "
+                                 "DequantizeLinear)"}  # fmt: skip
+
+
 def replace_real_modules(model: nn.Module) -> dict[str, dict[str, str]]:
     """Swap every real module of ``model`` (a copy) for its stand-in; layer name -> role descriptions."""
     found = [(name, module) for name, module in model.named_modules() if is_real(module)]
     layers = {}
     for name, module in found:
+        kind = type(module).__name__
+        if kind in NO_ONNX:
+            raise ExportError(f"layer {name!r}: a {kind} holds {NO_ONNX[kind]}: ONNX cannot express it; export "
+                              "the float model, or the model quantized to a format ONNX holds (8-bit affine / "
+                              "integer, int4 weight-only, e4m3 / e5m2)")  # fmt: skip
         new, described = stand_in(module)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, new)
