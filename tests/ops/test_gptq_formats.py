@@ -35,6 +35,7 @@ FORMATS = {
     "block_fp": ("block_fp", {"width": 5, "exponent_width": 8, "block_size": [1, 16]}),
     "block_fp tiles": ("block_fp", {"width": 4, "exponent_width": 8, "block_size": [4, 8]}),
     "log": ("log", {"width": 5}),
+    "nvfp4": ("nvfp4", {}),  # the tensor scale from the weight before any update, block scales in order
 }
 ALWAYS_ON_GRID = [label for label in FORMATS if label not in ("affine int3 g64", "affine int5 toward_zero",
                                                                  "affine bf16 scales")]  # fmt: skip
@@ -126,7 +127,7 @@ def test_int4_gptq_is_unchanged_by_the_shared_checks():
         gptq_quantize(_weight(columns=48), torch.eye(48), 32)
 
 
-@pytest.mark.parametrize("name, params", [("ternary", {}), ("nvfp4", {}), ("block_log", {"width": 4}),
+@pytest.mark.parametrize("name, params", [("ternary", {}), ("nf4", {}), ("block_log", {"width": 4}),
                                           ("mxfp4_e2m1", {"rounding": "stochastic"})])  # fmt: skip
 def test_formats_without_a_fixed_scale_rounding_are_refused(name, params):
     spec = resolve(name, **params)

@@ -47,16 +47,19 @@ class ColumnRounder:
         self.width, self.fix, self.round = width, fix, round_with
 
 
-def column_rounder(spec: FormatSpec, shape: tuple[int, int]) -> ColumnRounder:
+def column_rounder(spec: FormatSpec, shape: tuple[int, int], weight: torch.Tensor | None = None) -> ColumnRounder:
     """The :class:`ColumnRounder` of ``spec`` for a weight of ``shape`` [N, K]; ConfigError naming the format
-    where it cannot round a column with fixed block parameters."""
+    where it cannot round a column with fixed block parameters. ``weight``: the weight before any update, for
+    formats with a parameter of the whole tensor (NVFP4's tensor scale, fixed from it before any column)."""
     if spec.is_stochastic:
         raise ConfigError(f"method='gptq' needs a deterministic rounding; {spec.describe()} rounds stochastically")
     family = _family(spec)
     if family is None:
         raise ConfigError(f"method='gptq' cannot round format {spec.format_name!r} ({spec.describe()}) one column at "
-                          "a time with fixed block parameters; supported: MX (mx*), affine, block_fp, OCP floats "
+                          "a time with fixed block parameters; supported: MX (mx*), nvfp4, affine, block_fp, OCP floats "
                           f"(e4m3, ...), {', '.join(ELEMENT_FORMATS)}")  # fmt: skip
+    if family is _nvfp4_rounder:
+        return family(spec, tuple(shape), weight)
     return family(spec, tuple(shape))
 
 
@@ -68,6 +71,8 @@ def _family(spec: FormatSpec):
 
     if spec.format_name in ELEMENT_FORMATS or (isinstance(spec, _OcpFloat) and not spec.is_scaled):
         return _element_rounder
+    if spec.format_name == "nvfp4":
+        return _nvfp4_rounder
     families = ((_MXFormat, _mx_rounder), (Affine, _affine_rounder), (BlockFP, _block_fp_rounder),
                 (_OcpFloat, _ocp_rounder))  # fmt: skip
     return next((build for cls, build in families if isinstance(spec, cls)), None)
@@ -160,6 +165,31 @@ def _ocp_rounder(spec, shape) -> ColumnRounder:
     return ColumnRounder(block[1], _blockwise(block, statistic), round_with)
 
 
+def _nvfp4_rounder(spec, shape, weight: torch.Tensor | None) -> ColumnRounder:
+    """NVFP4: the tensor scale (and the tiny tensors' shift) from the whole weight before any update, each
+    block's E4M3 scale from its 16 columns when it comes up; the format's own steps (``NVFP4.decompose`` /
+    ``combine``), so an identity Hessian gives ``spec.quantize(weight)`` bit for bit."""
+    from lowbit.formats import nvfp4
+
+    whole = torch.zeros(shape) if weight is None else weight.to(torch.float32)
+    amax = whole.abs().max()
+    shift = torch.where((amax > 0) & (amax < nvfp4.TINY_AMAX), -nvfp4.TINY_SHIFT, 0).to(torch.int32)
+    pts = nvfp4.tensor_scale(torch.ldexp(amax, -shift))
+
+    def fix(columns):
+        s8 = nvfp4.block_scales(torch.ldexp(columns.to(torch.float32), -shift).unsqueeze(1), pts)  # [N, 1]
+        return ((1.0 / pts) / s8).expand_as(columns), s8.expand_as(columns)
+
+    def round_with(values, params):
+        ratio, s8 = params
+        scaled = (torch.ldexp(values.to(torch.float32), -shift) * ratio).clamp(-nvfp4.ELEMENT_MAX, nvfp4.ELEMENT_MAX)
+        elements = nvfp4._E2M1.round(scaled, "nearest_even")
+        y = torch.ldexp(elements * (pts * s8), shift)  # nvfp4.combine's arithmetic, one column at a time
+        return y.clamp(-torch.finfo(torch.float32).max, torch.finfo(torch.float32).max).to(values.dtype)
+
+    return ColumnRounder(nvfp4.BLOCK_SIZE, fix, round_with)
+
+
 # ---- one weight matrix -----------------------------------------------------------------------------------------
 def gptq_round(weight: torch.Tensor, hessian: torch.Tensor, spec: FormatSpec, *, damping: float = 0.1,
                block_size: int = 128, act_order: bool = False,
@@ -168,7 +198,7 @@ def gptq_round(weight: torch.Tensor, hessian: torch.Tensor, spec: FormatSpec, *,
     ``hessian`` [K, K]; block parameters fixed in order or up front (``static_groups``; always with
     ``act_order``, which rounds columns by decreasing diag(H))."""
     weight, hessian = _checked(weight, hessian, None, damping, block_size)
-    rounder = column_rounder(spec, tuple(weight.shape))
+    rounder = column_rounder(spec, tuple(weight.shape), weight)
     n, k = weight.shape
     weight, hessian = weight.clone(), hessian.clone()
     dead = torch.diagonal(hessian) == 0  # inputs that were always 0: their weights never matter
