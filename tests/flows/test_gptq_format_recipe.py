@@ -121,8 +121,8 @@ def test_bad_options_are_refused_naming_the_field(options, field):
 
 def test_a_format_gptq_cannot_round_is_refused_before_any_work(llama, data):
     model = copy.deepcopy(llama)
-    with pytest.raises(ConfigError, match="nvfp4"):
-        lowbit.quantize_(model, "nvfp4", roles=["weight"], method="gptq", calibration_data=data[0])
+    with pytest.raises(ConfigError, match="nf4"):
+        lowbit.quantize_(model, "nf4", roles=["weight"], method="gptq", calibration_data=data[0])
     assert not any(isinstance(module, QuantLinear) for module in model.modules())
 
 

@@ -26,7 +26,6 @@ from lowbit.errors import ConfigError, did_you_mean
 
 PIPELINE_KEYS = ("recipe", "num_batches")
 RUN_TIME_KEYS = ("calibration_data", "calibration")  # objects, never in a file
-FORMAT_ROLES = ("data_in", "weight", "bias", "data_out")
 DEFAULT_BATCHES = 8
 
 
@@ -72,7 +71,7 @@ def check_quantize_model(args: dict[str, Any]) -> None:
     where = "[passes.quantize_model]"
     if "recipe" not in args:
         raise ConfigError(f"{where} needs recipe = \"...\" ({', '.join(_file_recipes())}, or a format name)")
-    kind = recipe_kind(args["recipe"])
+    recipe_kind(args["recipe"])  # an unknown recipe or format name is the first error
     _check_batches(args.get("num_batches"), where)
     valid = _options(args["recipe"])
     for key in args:
@@ -84,9 +83,7 @@ def check_quantize_model(args: dict[str, Any]) -> None:
             names = [*PIPELINE_KEYS, *valid]
             raise ConfigError(f"{where} recipe {args['recipe']!r}: unknown key {key!r}{did_you_mean(key, names)}; "
                               f"valid keys: {', '.join(names)}")  # fmt: skip
-    if kind == "format":
-        _check_roles(args)
-    needs_data(args)
+    needs_data(args)  # builds the typed recipe: its own check of every value (roles included)
 
 
 def _check_batches(value: Any, where: str) -> None:
@@ -128,17 +125,6 @@ def _built(recipe: str, options: dict[str, Any]) -> Any:
 def recipe_call(args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """What :func:`lowbit.quantize_model` is given: (recipe or format name, options), data not included."""
     return args["recipe"], {k: v for k, v in args.items() if k not in PIPELINE_KEYS}
-
-
-def _check_roles(args: dict[str, Any]) -> None:
-    roles = args.get("roles", ["data_in", "weight", "bias"])
-    roles = [roles] if isinstance(roles, str) else roles
-    for role in roles:
-        if role not in FORMAT_ROLES:
-            raise ConfigError(f"[passes.quantize_model] roles: {role!r}{did_you_mean(role, FORMAT_ROLES)}; "
-                              f"roles: {', '.join(FORMAT_ROLES)}")  # fmt: skip
-    if not {"data_in", "weight"} <= set(roles):
-        raise ConfigError("[passes.quantize_model] roles must include data_in and weight (a Linear needs both)")
 
 
 def saved_recipe(args: dict[str, Any]) -> dict[str, Any]:
