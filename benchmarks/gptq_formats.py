@@ -34,6 +34,7 @@ FORMATS = {
     "int4_g64": ("affine", {"bits": 4, "block_size": [1, 64]}),
     "e4m3": ("e4m3", {}),
     "e2m1_g32": ("e2m1", {"block_size": [1, 32]}),
+    "nvfp4": ("nvfp4", {}),
 }
 
 

@@ -65,14 +65,14 @@ def test_awq_then_gptq(setting):
 
 
 def test_awq_scales_keep_the_float_function():
-    from lowbit.flows.awq import awq_scale
+    from lowbit.flows.awq import awq_scale, int4_rounded
 
     model = outlier_llama().double()
     ids = _batches(1, 5)[0]
     targets = {name: module for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
     with torch.no_grad():
         before = model(ids).logits
-        info, power = awq_scale(model, targets, _batches(), GROUP, "f32")
+        info, power = awq_scale(model, targets, _batches(), lambda w: int4_rounded(w, GROUP, torch.float32))
         after = model(ids).logits
     assert any(entry["alpha"] > 0 for entry in info["awq"].values())
     assert float((after - before).norm() / before.norm()) < 1e-12

@@ -1,4 +1,5 @@
-"""AWQ (activation-aware weight quantization) for int4 weight-only recipes: per-input-channel scales searched on
+"""AWQ (activation-aware weight quantization) for int4 weight-only recipes and the format recipe's weights
+(``method="awq"`` / ``"awq+gptq"``: the search measures the weight format's own rounding): per-input-channel scales searched on
 calibration data, folded into the op before each group of Linears (:mod:`lowbit.flows.smoothing`), then an
 input-weighted range (clip) search per group of weights when the codes are made.
 
@@ -7,7 +8,7 @@ with X the group's inputs (a sample of the calibration tokens taken from the flo
 float function, so each group's inputs are what the model computes until that group's own fold) and m_j the
 mean |X_j| per input channel: s = m^a (divided by its geometric mean), for a in 0, 0.05, ..., 0.95, keeping the
 a whose rounded weights give the group's Linears the least output error ``sum ||X W^T - (X / s) Q(W s)^T||^2``
-(Q: min-max int4 in groups of ``group_size``, the recipe's scale dtype); a = 0 (s = 1) is plain rounding, so a
+(Q: min-max int4 in groups of ``group_size`` with the recipe's scale dtype, or the format's rounding); a = 0 (s = 1) is plain rounding, so a
 group's measured error never grows. The clip search is :func:`lowbit.ops.int4.quantize_groups`' range search
 (each end of each group shrunk in 5 % steps) weighted by the scaled inputs' mean x^2 (``search=True``).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,7 +26,7 @@ from torch import nn
 
 from lowbit._model import run_batches
 from lowbit.flows.smoothing import SmoothGroup, fold_scale, smoothing_groups
-from lowbit.ops.int4 import SCALE_DTYPES, quantize_groups
+from lowbit.ops.int4 import quantize_groups
 
 GRID = tuple(step / 20 for step in range(20))  # the exponents a tried: 0 .. 0.95
 SAMPLE_ROWS = 2048  # tokens per group kept for the output error
@@ -59,10 +61,12 @@ class _Inputs:
         return self.square[name] / self.rows[name]
 
 
-def awq_scale(root: nn.Module, targets: dict[str, nn.Module], batches: list, group_size: int, scale_dtype: str,
+def awq_scale(root: nn.Module, targets: dict[str, nn.Module], batches: list,
+              round_weight: Callable[[torch.Tensor], torch.Tensor],
               progress=None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:  # fmt: skip
-    """Search and fold every group's scale; returns (info, name -> mean x^2 per input channel of the scaled
-    model, for the clip search)."""
+    """Search and fold every group's scale; ``round_weight`` (a float weight [N, K] -> its rounded values, each
+    Linear's weight on its own) is the rounding the search measures; returns (info, name -> mean x^2 per input
+    channel of the scaled model, for int4's clip search)."""
     say = progress or logging.getLogger("lowbit").info
     groups, skipped = smoothing_groups(root)
     kept = [group for group in groups if all(name in targets for name in group.consumers)]
@@ -78,8 +82,7 @@ def awq_scale(root: nn.Module, targets: dict[str, nn.Module], batches: list, gro
             skipped[group.producer] = "the calibration batches never reach it"
             continue
         sample = torch.cat(inputs.samples.pop(leader))
-        scale, alpha, ratio = _search(group, sample, group.reduce(inputs.mean_abs(leader), "mean"), group_size,
-                                      SCALE_DTYPES[scale_dtype])  # fmt: skip
+        scale, alpha, ratio = _search(group, sample, group.reduce(inputs.mean_abs(leader), "mean"), round_weight)
         fold_scale(group, scale)
         expanded = group.expand(scale).float()
         for name in group.consumers:
@@ -91,10 +94,11 @@ def awq_scale(root: nn.Module, targets: dict[str, nn.Module], batches: list, gro
 
 
 @torch.no_grad()
-def _search(group: SmoothGroup, sample: torch.Tensor, mean_abs: torch.Tensor, group_size: int,
-            scale_dtype: torch.dtype) -> tuple[torch.Tensor, float, float]:  # fmt: skip
+def _search(group: SmoothGroup, sample: torch.Tensor, mean_abs: torch.Tensor,
+            round_weight: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, float, float]:  # fmt: skip
     """(scale, its exponent a, its error / the error at a = 0) for one group."""
-    weight = torch.cat([module.weight.detach().float() for module in group.consumers.values()])  # [sum N, K]
+    weights = [module.weight.detach().float() for module in group.consumers.values()]
+    weight = torch.cat(weights)  # [sum N, K]
     sample = sample.to(weight.device)
     reference = sample @ weight.T
     base = mean_abs.double().clamp_min(1e-8)
@@ -104,7 +108,7 @@ def _search(group: SmoothGroup, sample: torch.Tensor, mean_abs: torch.Tensor, gr
         scale = base.pow(alpha)
         scale = (scale / scale.log().mean().exp()).clamp(1e-4, 1e4)
         expanded = group.expand(scale).float().to(weight.device)
-        rounded = _rounded(weight * expanded, group_size, scale_dtype) / expanded
+        rounded = torch.cat([round_weight(part * expanded) for part in weights]) / expanded
         error = float((sample @ rounded.T - reference).square().sum())
         first_error = error if first_error is None else first_error
         if error < best[2]:
@@ -112,7 +116,7 @@ def _search(group: SmoothGroup, sample: torch.Tensor, mean_abs: torch.Tensor, gr
     return best[0], best[1], best[2] / max(first_error, 1e-30)
 
 
-def _rounded(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype) -> torch.Tensor:
+def int4_rounded(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype) -> torch.Tensor:
     """``weight`` through plain min-max int4 rounding in groups of ``group_size`` (float values)."""
     codes, scale, zero_point = quantize_groups(weight, group_size, scale_dtype, search=False)
     n, k = weight.shape

@@ -147,10 +147,12 @@ def _int4_weight_only(root, targets, recipe: Int4WeightOnly):
                               f"{recipe.group_size}; skip it (skip=[{name!r}]) or pick another group_size")  # fmt: skip
     awq_info, power = {}, None
     if recipe.method in ("awq", "awq+gptq"):
-        from lowbit.flows.awq import awq_scale
+        from lowbit.flows.awq import awq_scale, int4_rounded
+        from lowbit.ops.int4 import SCALE_DTYPES
 
         recipe = dataclasses.replace(recipe, calibration_data=list(recipe.calibration_data))  # read twice
-        awq_info, power = awq_scale(root, targets, recipe.calibration_data, recipe.group_size, recipe.scale_dtype)
+        awq_info, power = awq_scale(root, targets, recipe.calibration_data, lambda weight: int4_rounded(
+            weight, recipe.group_size, SCALE_DTYPES[recipe.scale_dtype]))  # fmt: skip
     if recipe.method in ("gptq", "awq+gptq"):
         from lowbit.flows.gptq import gptq_modules
 

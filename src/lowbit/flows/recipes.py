@@ -246,21 +246,22 @@ class FormatRecipe(Recipe):
         self.roles, self.ops = tuple(self.roles), tuple(self.ops)
         for role in self.roles:
             _choice("format recipe", "roles", role, ("data_in", "weight", "bias", "data_out"))
-        _choice("format recipe", "method", self.method, ("round", "gptq"))
+        _choice("format recipe", "method", self.method, ("round", "gptq", "awq", "awq+gptq"))
         if isinstance(self.damping, bool) or not isinstance(self.damping, (int, float)) or not 0 < self.damping < 1e6:
             raise ConfigError(f"format recipe: damping={self.damping!r} must be a positive number")
         _positive_int("format recipe", "block_size", self.block_size)
         _flag("format recipe", "act_order", self.act_order)
         _flag("format recipe", "static_groups", self.static_groups)
         if self.needs_data() and self.calibration_data is None:
-            raise ConfigError("format recipe: method='gptq' needs calibration_data= (batches the model can run) to "
-                              "build each layer's Hessian")  # fmt: skip
-        if self.method == "gptq" and "weight" not in self.roles:
-            raise ConfigError(f"format recipe: method='gptq' rounds weights, but roles={list(self.roles)} has no "
-                              "'weight'")  # fmt: skip
+            reason = "to build each layer's Hessian" if self.method == "gptq" else "for the activation-aware scale search"
+            raise ConfigError(f"format recipe: method={self.method!r} needs calibration_data= (batches the model can "
+                              f"run) {reason}")  # fmt: skip
+        if self.method != "round" and "weight" not in self.roles:
+            raise ConfigError(f"format recipe: method={self.method!r} rounds weights, but roles={list(self.roles)} "
+                              "has no 'weight'")  # fmt: skip
 
     def needs_data(self) -> bool:
-        return self.method == "gptq"
+        return self.method != "round"
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "params": dict(self.params)}

@@ -4,6 +4,7 @@ and MASE pass_args, whose Linear layers become real modules wherever a kernel co
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -54,15 +55,29 @@ def quantize_format(root: nn.Module, recipe: FormatRecipe) -> dict[str, Any]:
         plan[name] = RoleFormats(**roles)
     if not plan:
         raise ConfigError(f"the model has no layer of the ops {list(recipe.ops)} to quantize (after skip)")
-    if recipe.method == "gptq":  # Linear weights GPTQ-rounded first; the other layers as with "round"
+    awq = {}
+    if recipe.method in ("awq", "awq+gptq"):
+        recipe = dataclasses.replace(recipe, calibration_data=list(recipe.calibration_data))  # read twice
+        awq = _format_awq(root, plan, spec, recipe)
+    if recipe.method in ("gptq", "awq+gptq"):  # Linear weights GPTQ-rounded first; the other layers as with "round"
         from lowbit.flows.gptq_formats import gptq_format_layers
 
         gptq = gptq_format_layers(root, plan, recipe)
         rest = {name: formats for name, formats in plan.items() if name not in gptq["layers"]}
         info = swap_formats(root, rest) if rest else {"quantized": [], "counts": {}}
         counts = {**info["counts"], "linear": info["counts"].get("linear", 0) + len(gptq["layers"])}
-        return {"recipe": spec.format_name, "quantized": list(plan), "counts": counts, "gptq": gptq}
-    return {"recipe": spec.format_name, **swap_formats(root, plan)}
+        return {"recipe": spec.format_name, "quantized": list(plan), "counts": counts, "gptq": gptq, **awq}
+    return {"recipe": spec.format_name, **swap_formats(root, plan), **awq}
+
+
+def _format_awq(root: nn.Module, plan: dict[str, RoleFormats], spec: FormatSpec, recipe: FormatRecipe):
+    """AWQ's scales for the plan's Linear layers, searched against ``spec``'s own rounding and folded into the
+    ops before them (:mod:`lowbit.flows.awq`); the data is read again by GPTQ after it."""
+    from lowbit.flows.awq import awq_scale
+
+    targets = {name: root.get_submodule(name) for name in plan if type(root.get_submodule(name)) is nn.Linear}
+    info, _ = awq_scale(root, targets, recipe.calibration_data, spec.quantize)
+    return info
 
 
 def quantize_pass_args(model: Any, recipe: PassArgs) -> dict[str, Any]:
