@@ -31,7 +31,7 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 # pytest-xdist workers: one per core, at most 4 (each imports torch; on 2 cores two workers cut the suite from
-# ~12 to ~9 minutes: much of it is single-threaded Python, Inductor's compiles and the CLI's start-ups).
+# ~12 to ~6-7.5 minutes: much of it is single-threaded Python, Inductor's compiles and the CLI's start-ups).
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))")
 
 ORACLE_STAMP := $(VENV)/.oracles-installed

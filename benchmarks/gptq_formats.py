@@ -9,7 +9,8 @@ For each format: fp32, ``method="round"`` (the format's own rounding at run time
 exponent, affine min-max) and ``method="gptq"`` (each with the options given), the share of round's gap to
 fp32 that GPTQ closes (``(round - gptq) / (round - fp32)``) and the wall time of quantize_.
 
-Usage: python benchmarks/gptq_formats.py [--formats mxfp4 int3_g64 e4m3] [--gptq damping=0.1 ...]
+Usage: python benchmarks/gptq_formats.py [--formats mxfp4 int3_g64 e4m3 nvfp4] [--method gptq | awq | awq+gptq]
+       [--gptq damping=0.1 ...]
        [--calibration 16] [--seqlen 512] [--calibration-seqlen 512] [--windows 8] [--threads 2]
 """
 
@@ -53,7 +54,7 @@ def parse_options(items: list[str]) -> dict:
 def quantized(model, label: str, method: str, options: dict, calibration: list):
     name, params = FORMATS[label]
     candidate = copy.deepcopy(model)
-    extra = {"calibration_data": calibration, **options} if method == "gptq" else {}
+    extra = {"calibration_data": calibration, **(options if "gptq" in method else {})} if method != "round" else {}
     start = time.perf_counter()
     _, info = lowbit.quantize_model(candidate, name, params=params, roles=["weight"], method=method, **extra)
     return candidate, time.perf_counter() - start, info
@@ -63,6 +64,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--formats", nargs="+", default=["mxfp4", "int3_g64", "e4m3"], choices=sorted(FORMATS))
     parser.add_argument("--gptq", nargs="*", default=[], help="FormatRecipe options, key=value")
+    parser.add_argument("--method", default="gptq", choices=("gptq", "awq", "awq+gptq"),
+                        help="the data-driven method compared with round")
     parser.add_argument("--calibration", type=int, default=16)
     parser.add_argument("--seqlen", type=int, default=512, help="tokens per scored window")
     parser.add_argument("--calibration-seqlen", type=int, default=None, help="tokens per calibration window "
@@ -93,18 +96,19 @@ def main() -> None:
           f"{args.calibration} train windows x {length}; {args.threads} threads; GPTQ options {options or 'defaults'}")
     print(header_line())
     print(f"\nfp32 perplexity {fp32:.3f}\n")
-    print("| weights | round | gptq | gap closed | round s | gptq s | moved on re-rounding |")
+    method = args.method
+    print(f"| weights | round | {method} | gap closed | round s | {method} s | moved on re-rounding |")
     print("|---|---|---|---|---|---|---|")
     for label in args.formats:
         rounded, round_seconds, _ = quantized(model, label, "round", {}, calibration)
         plain = score(rounded)
         del rounded
-        gptq_model, gptq_seconds, info = quantized(model, label, "gptq", options, calibration)
+        gptq_model, gptq_seconds, info = quantized(model, label, method, options, calibration)
         value = score(gptq_model)
         del gptq_model
         closed = 100 * (plain - value) / (plain - fp32)
         print(f"| {label} | {plain:.3f} | {value:.3f} | {closed:.1f} % | {round_seconds:.1f} | {gptq_seconds:.1f} | "
-              f"{info['gptq']['moved']} |", flush=True)  # fmt: skip
+              f"{info['gptq']['moved'] if 'gptq' in info else ''} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
