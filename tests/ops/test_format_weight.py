@@ -104,9 +104,33 @@ def test_bad_configs_are_one_clear_error():
         layer(torch.randn(2, 32))
 
 
-def test_onnx_export_refuses_the_codes_with_one_clear_error(tmp_path):
+@pytest.mark.parametrize("name,params", CASES, ids=lambda v: str(v))
+def test_onnx_export_runs_in_onnxruntime_with_lowbits_weights(tmp_path, name, params):
+    """The graph rebuilds the weight as table[code] * block scale (Gather, Mul: onnxruntime has no FP4
+    DequantizeLinear); the rebuilt weight is lowbit's bit for bit (checked at export), the outputs agree to the
+    matmul's rounding."""
+    ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    _, real = _simulated_and_real("nvfp4", {})
-    with pytest.raises(lowbit.LowbitError, match="layer '0': a FormatWeightLinear holds NVFP4 / NF4 / codebook codes"):
-        lowbit.export_onnx(real, (torch.randn(2, 128),), tmp_path / "model.onnx")
-    assert not (tmp_path / "model.onnx").exists()
+    _, real = _simulated_and_real(name, params)
+    x = torch.randn(5, 128)
+    exported = lowbit.export_onnx(real, (x,), tmp_path / "model.onnx")
+    assert exported.layers["0"]["weight"] == f"{name} codes (Gather x scale)"
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
+    with torch.no_grad():
+        want = real(x)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_onnx_export_refuses_what_the_table_graph_cannot_hold(tmp_path):
+    pytest.importorskip("onnxscript")
+    layer = FormatWeightLinear.from_float(torch.nn.Linear(16, 8), {"name": "nf4", "params": {"block_size": [4, 4]}})
+    with pytest.raises(lowbit.LowbitError, match="layer '0': its nf4 blocks are not runs of one row's inputs"):
+        lowbit.export_onnx(torch.nn.Sequential(layer), (torch.randn(2, 16),), tmp_path / "model.onnx")
+    tiny = torch.nn.Linear(32, 8)
+    with torch.no_grad():
+        tiny.weight.mul_(1e-37)  # NVFP4 decodes a tensor this small at 2^100 times its size
+    layer = FormatWeightLinear.from_float(tiny, "nvfp4")
+    with pytest.raises(lowbit.LowbitError, match="not table\\[code\\] \\* one float32 scale"):
+        lowbit.export_onnx(torch.nn.Sequential(layer), (torch.randn(2, 32),), tmp_path / "tiny.onnx")
+    assert not (tmp_path / "model.onnx").exists() and not (tmp_path / "tiny.onnx").exists()

@@ -184,9 +184,7 @@ def stand_in(module: nn.Module) -> tuple[nn.Module, dict[str, str]]:
 
 
 # Real modules whose codes no ONNX operator that onnxruntime runs can hold: the answer when one is exported.
-NO_ONNX = {"GGMLLinear": "llama.cpp's block codes (ggml types have no ONNX operator; lowbit.export_gguf writes them)",
-           "FormatWeightLinear": "NVFP4 / NF4 / codebook codes (onnxruntime runs no FP4 or look-up-table "
-                                 "DequantizeLinear)"}  # fmt: skip
+NO_ONNX = {"GGMLLinear": "llama.cpp's block codes (ggml types have no ONNX operator; lowbit.export_gguf writes them)"}
 
 
 def replace_real_modules(model: nn.Module) -> dict[str, dict[str, str]]:
@@ -199,7 +197,12 @@ def replace_real_modules(model: nn.Module) -> dict[str, dict[str, str]]:
             raise ExportError(f"layer {name!r}: a {kind} holds {NO_ONNX[kind]}: ONNX cannot express it; export "
                               "the float model, or the model quantized to a format ONNX holds (8-bit affine / "
                               "integer, int4 weight-only, e4m3 / e5m2)")  # fmt: skip
-        new, described = stand_in(module)
+        if kind == "FormatWeightLinear":  # no DequantizeLinear onnxruntime runs: a table and scales (onnx_tables)
+            from lowbit.export.onnx_tables import TableLinear
+
+            new, described = TableLinear(module, name), {"weight": f"{module.spec.format_name} codes (Gather x scale)"}
+        else:
+            new, described = stand_in(module)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, new)
         layers[name] = described
