@@ -27,3 +27,20 @@ settings.register_profile(
     database=None,  # no replay of examples stored by earlier runs: every run draws the same examples
 )
 settings.load_profile("lowbit")
+
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _process_state_is_restored():
+    """Every test leaves the process as it found it (the backend, torch's default dtype): under pytest-xdist
+    each worker runs a different sequence of tests, and a test that leaks a setting changes the next one's."""
+    from lowbit import backend
+
+    before = (backend._state["backend"], torch.get_default_dtype())
+    yield
+    after = (backend._state["backend"], torch.get_default_dtype())
+    assert after == before or after == ("eager", before[1]) and before[0] is None, (
+        f"the test changed the process's backend / default dtype: {before} -> {after}")
