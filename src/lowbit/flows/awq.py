@@ -1,16 +1,18 @@
 """AWQ (activation-aware weight quantization) for int4 weight-only recipes and the format recipe's weights
-(``method="awq"`` / ``"awq+gptq"``: the search measures the weight format's own rounding): per-input-channel scales searched on
-calibration data, folded into the op before each group of Linears (:mod:`lowbit.flows.smoothing`), then an
-input-weighted range (clip) search per group of weights when the codes are made.
+(``method="awq"`` / ``"awq+gptq"``: the search measures the weight format's own rounding): per-input-channel
+scales searched on calibration data, folded into the op before each group of Linears
+(:mod:`lowbit.flows.smoothing`), then, for int4, an input-weighted range (clip) search per group of weights
+when the codes are made.
 
 For each foldable group (input norm -> q / k / v, v_proj -> o_proj, MLP norm -> gate / up, up_proj -> down_proj),
 with X the group's inputs (a sample of the calibration tokens taken from the float model: folding keeps the
 float function, so each group's inputs are what the model computes until that group's own fold) and m_j the
 mean |X_j| per input channel: s = m^a (divided by its geometric mean), for a in 0, 0.05, ..., 0.95, keeping the
 a whose rounded weights give the group's Linears the least output error ``sum ||X W^T - (X / s) Q(W s)^T||^2``
-(Q: min-max int4 in groups of ``group_size`` with the recipe's scale dtype, or the format's rounding); a = 0 (s = 1) is plain rounding, so a
-group's measured error never grows. The clip search is :func:`lowbit.ops.int4.quantize_groups`' range search
-(each end of each group shrunk in 5 % steps) weighted by the scaled inputs' mean x^2 (``search=True``).
+(Q: min-max int4 in groups of ``group_size`` with the recipe's scale dtype, or the format's rounding); a = 0
+(s = 1) is plain rounding, so a group's measured error never grows. The clip search is
+:func:`lowbit.ops.int4.quantize_groups`' range search (each end of each group shrunk in 5 % steps) weighted by
+the scaled inputs' mean x^2 (``search=True``).
 """
 
 from __future__ import annotations

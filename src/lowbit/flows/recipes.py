@@ -253,7 +253,7 @@ class FormatRecipe(Recipe):
         _flag("format recipe", "act_order", self.act_order)
         _flag("format recipe", "static_groups", self.static_groups)
         if self.needs_data() and self.calibration_data is None:
-            reason = "to build each layer's Hessian" if self.method == "gptq" else "for the activation-aware scale search"
+            reason = "to build each layer's Hessian" if self.method == "gptq" else "for AWQ's scale search"
             raise ConfigError(f"format recipe: method={self.method!r} needs calibration_data= (batches the model can "
                               f"run) {reason}")  # fmt: skip
         if self.method != "round" and "weight" not in self.roles:

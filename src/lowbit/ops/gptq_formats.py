@@ -56,7 +56,8 @@ def column_rounder(spec: FormatSpec, shape: tuple[int, int], weight: torch.Tenso
     family = _family(spec)
     if family is None:
         raise ConfigError(f"method='gptq' cannot round format {spec.format_name!r} ({spec.describe()}) one column at "
-                          "a time with fixed block parameters; supported: MX (mx*), nvfp4, affine, block_fp, OCP floats "
+                          "a time with fixed block parameters; supported: MX (mx*), nvfp4, affine, block_fp, OCP "
+                          "floats "
                           f"(e4m3, ...), {', '.join(ELEMENT_FORMATS)}")  # fmt: skip
     if family is _nvfp4_rounder:
         return family(spec, tuple(shape), weight)

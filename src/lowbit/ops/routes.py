@@ -188,7 +188,8 @@ def weight_only(device: torch.device, rows: int, compute_dtype: torch.dtype, pac
     if compute_dtype != torch.bfloat16:
         if not native or device.type != "cpu" or rows > NATIVE_MAX_ROWS:
             return "dequantize"
-        return "native" if rows <= NATIVE_FEW_ROWS or capabilities.probe("native_linear_rows_fast", device) else "dequantize"
+        many = rows > NATIVE_FEW_ROWS and not capabilities.probe("native_linear_rows_fast", device)
+        return "dequantize" if many else "native"
     if device.type == "cpu" and rows <= small_batch and packed_fits and capabilities.probe(packed_path, device):
         return packed_path
     return "dequantize_bf16"
