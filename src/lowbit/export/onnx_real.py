@@ -165,9 +165,22 @@ def _zero(zero_point: Any, like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(zero_point, dtype=torch.uint8, device=like.device)
 
 
-def stand_in(module: nn.Module) -> tuple[nn.Module, dict[str, str]]:
-    """The export module for a real module and its role -> description (for OnnxExport.layers)."""
+# Real modules whose codes no ONNX operator that onnxruntime runs can hold: the answer when one is exported.
+NO_ONNX = {"GGMLLinear": "llama.cpp's block codes (ggml types have no ONNX operator; lowbit.export_gguf writes them)"}
+
+
+def stand_in(module: nn.Module, layer: str = "") -> tuple[nn.Module, dict[str, str]]:
+    """The export module for a real module (``layer``: its name, for errors) and its role -> description (for
+    OnnxExport.layers); ExportError for the modules ONNX cannot hold (``NO_ONNX``)."""
     name = type(module).__name__
+    if name in NO_ONNX:
+        raise ExportError(f"layer {layer!r}: a {name} holds {NO_ONNX[name]}: ONNX cannot express it; export the "
+                          "float model, or the model quantized to a format ONNX holds (8-bit affine / integer, "
+                          "int4 weight-only, e4m3 / e5m2)")  # fmt: skip
+    if name == "FormatWeightLinear":  # onnxruntime runs no FP4 / table DequantizeLinear: a table and scales
+        from lowbit.export.onnx_tables import TableLinear
+
+        return TableLinear(module, layer), {"weight": f"{module.spec.format_name} codes (Gather x scale)"}
     if isinstance(module, (Int8WeightOnlyLinear, Int4WeightOnlyLinear)):
         return _FloatLinear(module), {"weight": f"{name} codes (DequantizeLinear)"}
     if isinstance(module, W8A8StaticLinear):
@@ -183,26 +196,12 @@ def stand_in(module: nn.Module) -> tuple[nn.Module, dict[str, str]]:
     raise TypeError(f"no ONNX stand-in for {name}")
 
 
-# Real modules whose codes no ONNX operator that onnxruntime runs can hold: the answer when one is exported.
-NO_ONNX = {"GGMLLinear": "llama.cpp's block codes (ggml types have no ONNX operator; lowbit.export_gguf writes them)"}
-
-
 def replace_real_modules(model: nn.Module) -> dict[str, dict[str, str]]:
     """Swap every real module of ``model`` (a copy) for its stand-in; layer name -> role descriptions."""
     found = [(name, module) for name, module in model.named_modules() if is_real(module)]
     layers = {}
     for name, module in found:
-        kind = type(module).__name__
-        if kind in NO_ONNX:
-            raise ExportError(f"layer {name!r}: a {kind} holds {NO_ONNX[kind]}: ONNX cannot express it; export "
-                              "the float model, or the model quantized to a format ONNX holds (8-bit affine / "
-                              "integer, int4 weight-only, e4m3 / e5m2)")  # fmt: skip
-        if kind == "FormatWeightLinear":  # no DequantizeLinear onnxruntime runs: a table and scales (onnx_tables)
-            from lowbit.export.onnx_tables import TableLinear
-
-            new, described = TableLinear(module, name), {"weight": f"{module.spec.format_name} codes (Gather x scale)"}
-        else:
-            new, described = stand_in(module)
+        new, described = stand_in(module, name)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, new)
         layers[name] = described

@@ -19,9 +19,8 @@ from torch import nn
 from lowbit.export._errors import ExportError
 
 
-def _table_and_scales(module) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(value table [2^bits], float32 scale per block [N, K / width], width) of ``module``'s weight."""
-    stored = module.qtensor()
+def _table_and_scales(module, stored) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(value table, float32 scales per block, block width) of ``module``'s weight (``stored``: its QTensor)."""
     spec = stored.spec
     if spec.format_name == "nvfp4":
         from lowbit.formats.nvfp4 import BLOCK_SIZE
@@ -44,13 +43,14 @@ class TableLinear(nn.Module):
 
     def __init__(self, module, name: str) -> None:
         super().__init__()
-        table, scale, width = _table_and_scales(module)
+        stored = module.qtensor()
+        table, scale, width = _table_and_scales(module, stored)
         n, k = module.out_features, module.in_features
         blocks = -(-k // max(width, 1))  # the last block may be partial: padded in the graph, then cut
         if width < 1 or scale.numel() != n * blocks:
             raise ExportError(f"layer {name!r}: its {module.spec.format_name} blocks are not runs of one row's "
                               "inputs; the ONNX table graph holds one scale per row segment")  # fmt: skip
-        self.register_buffer("codes", module.qtensor().codes.to(torch.uint8))
+        self.register_buffer("codes", stored.codes.to(torch.uint8))
         self.register_buffer("table", table)
         self.register_buffer("scale", scale.reshape(n, blocks).contiguous())
         self.register_buffer("bias", None if module.bias is None else module.bias.detach().clone())

@@ -51,17 +51,20 @@ class FormatWeightLinear(WeightOnlyLinear):
     packed_path = "packed"  # not a path: no kernel takes these codes
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, format: Any = None,
-                 compute_dtype: str | None = None) -> None:  # fmt: skip
+                 compute_dtype: str | None = None, *, encoded: Any = None) -> None:  # fmt: skip
+        """``encoded``: the weight's QTensor (``from_float``); without it the buffers are zeros of the layout
+        encoding a weight of this shape gives (``from_config``, before ``load_state_dict``)."""
         super().__init__(in_features, out_features, bias)
         self.spec = _spec(format)
         self.compute_dtype = check_compute_dtype(type(self).__name__, compute_dtype)
-        # the layout of the codes and parameters: what encoding a weight of this shape gives
-        template = self._encode(torch.zeros(out_features, in_features))
-        self._layout = {"bits": template.bits, "signed": template.signed, "block": template.block,
-                        "params": list(template.params)}  # fmt: skip
-        self.register_buffer("weight_codes", torch.zeros_like(template.pack("uint8").words))
-        for name, value in template.params.items():
-            self.register_buffer(f"weight_{name}", torch.zeros_like(value))
+        empty = encoded is None
+        if empty:
+            encoded = self._encode(torch.zeros(out_features, in_features))
+        self._layout = {"bits": encoded.bits, "signed": encoded.signed, "block": encoded.block,
+                        "params": list(encoded.params)}  # fmt: skip
+        values = {"codes": encoded.pack("uint8").words, **encoded.params}
+        for name, value in values.items():
+            self.register_buffer(f"weight_{name}", torch.zeros_like(value) if empty else value.contiguous())
 
     def _encode(self, weight: torch.Tensor):
         from lowbit.qtensor import encode
@@ -72,8 +75,7 @@ class FormatWeightLinear(WeightOnlyLinear):
         from lowbit.qtensor.tensor import jsonable
 
         entry = {"name": self.spec.format_name, "params": jsonable(self.spec.params())}
-        return {**super().config(), "format": entry, **({"compute_dtype": self.compute_dtype}
-                                                         if self.compute_dtype is not None else {})}
+        return {**super().config(), "format": entry}  # compute_dtype: WeightOnlyLinear's
 
     @classmethod
     def from_float(cls, module: nn.Linear, format: Any, compute_dtype: str | None = None) -> FormatWeightLinear:
@@ -83,11 +85,11 @@ class FormatWeightLinear(WeightOnlyLinear):
         weight = module.weight.detach().float()
         if not bool(torch.isfinite(weight).all()):
             raise FormatError("the weight has NaN or inf values; it cannot be quantized")
-        new = cls(module.in_features, module.out_features, module.bias is not None, spec, compute_dtype)
-        encoded = new._encode(weight.cpu())
-        new.weight_codes.copy_(encoded.pack("uint8").words)
-        for name, value in encoded.params.items():
-            getattr(new, f"weight_{name}").copy_(value)
+        from lowbit.qtensor import encode
+
+        encoded = encode(weight.cpu(), spec, signed_zero=False)  # once: the buffers are its tensors
+        new = cls(module.in_features, module.out_features, module.bias is not None, spec, compute_dtype,
+                  encoded=encoded)  # fmt: skip
         if module.bias is not None:
             new.bias.copy_(module.bias.detach())
         return new.to(module.weight.device)

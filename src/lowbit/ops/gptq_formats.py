@@ -172,8 +172,7 @@ def _nvfp4_rounder(spec, shape, weight: torch.Tensor | None) -> ColumnRounder:
     ``combine``), so an identity Hessian gives ``spec.quantize(weight)`` bit for bit."""
     from lowbit.formats import nvfp4
 
-    whole = torch.zeros(shape) if weight is None else weight.to(torch.float32)
-    amax = whole.abs().max()
+    amax = torch.zeros(()) if weight is None else weight.to(torch.float32).abs().max()  # None: a shape check only
     shift = torch.where((amax > 0) & (amax < nvfp4.TINY_AMAX), -nvfp4.TINY_SHIFT, 0).to(torch.int32)
     pts = nvfp4.tensor_scale(torch.ldexp(amax, -shift))
 
