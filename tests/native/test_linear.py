@@ -108,3 +108,47 @@ def test_native_int4_kernel_is_within_float32_rounding_of_the_reference(group, s
         assert layer.choose_path(x[: routes.NATIVE_FEW_ROWS]) == "native"
     finally:
         backend.set_backend("eager")
+
+
+@needs_compiler
+@pytest.mark.parametrize("group", [32, 64, 128, 2, 6])  # 2 and 6: no whole vector per group, the widened path
+@pytest.mark.parametrize("outer", [48, 47])  # an odd last weight row after pairs
+@pytest.mark.parametrize("bias", [True, False])
+def test_int4_few_rows_are_within_rounding_and_each_row_is_its_own(group, outer, bias):
+    """One to four input rows run the register kernel (linear_few.c): every row within float32 rounding of the
+    float64 product with the reference's dequantized weight, and the same bits whether it ran alone or in a tile
+    of two or four (decoding a token never depends on what shares its batch)."""
+    from lowbit.ops import Int4WeightOnlyLinear
+
+    assert build.ensure() is not None
+    torch.manual_seed(2)
+    inner = 384
+    layer = Int4WeightOnlyLinear.from_float(torch.nn.Linear(inner, outer, bias=bias), group_size=group,
+                                            scale_dtype="f32", search=False)  # fmt: skip
+    scale = layer.weight_scale.float().contiguous()
+    x = torch.randn(4, inner) * 2
+    exact = x.double() @ layer.dequantized_weight().double().t() + (layer.bias.double() if bias else 0)
+    alone = torch.cat([linear.int4_linear(x[i : i + 1], layer.weight_codes, layer.weight_zero_point, scale,
+                                          layer.bias, group) for i in range(4)])  # fmt: skip
+    for rows in (2, 3, 4):
+        got = linear.int4_linear(x[:rows], layer.weight_codes, layer.weight_zero_point, scale, layer.bias, group)
+        assert torch.equal(got, alone[:rows])
+    with kernels.threads_from(1 << 8):  # column chunks of any parity on several threads: the same sums
+        threaded = linear.int4_linear(x, layer.weight_codes, layer.weight_zero_point, scale, layer.bias, group)
+    assert torch.equal(threaded, alone)
+    assert relative_error(alone, exact) < 4 * inner * 2.0**-24
+
+
+@needs_compiler
+@pytest.mark.parametrize("inner", [384, 391])  # 391: a scalar tail after whole vectors
+def test_int8_few_rows_are_within_rounding_and_each_row_is_its_own(inner):
+    assert build.ensure() is not None
+    layer = module(inner, 33, seed=3)
+    x = torch.randn(4, inner) * 3
+    exact = x.double() @ layer.dequantized_weight().double().t() + layer.bias.double()
+    alone = torch.cat([linear.int8_linear(x[i : i + 1], layer.weight_codes, layer.weight_scale, layer.bias)
+                       for i in range(4)])  # fmt: skip
+    for rows in (2, 3, 4):
+        assert torch.equal(linear.int8_linear(x[:rows], layer.weight_codes, layer.weight_scale, layer.bias),
+                           alone[:rows])  # fmt: skip
+    assert relative_error(alone, exact) < 4 * inner * 2.0**-24

@@ -90,7 +90,8 @@ def test_weight_only_never_changes_the_dtype_of_a_float32_model(cpu_class):
 def test_the_native_weight_only_kernel_serves_many_rows_only_where_it_measured_faster(cpu_class):
     with capabilities.injected(cpu_class):
         fast = capabilities.probe("native_linear_rows_fast")
-        for rows, want in ((1, "native"), (2, "native"), (4, "native" if fast else "dequantize"),
+        few = routes.NATIVE_FEW_ROWS
+        for rows, want in ((1, "native"), (few, "native"), (few + 1, "native" if fast else "dequantize"),
                            (64, "native" if fast else "dequantize"), (129, "dequantize")):  # fmt: skip
             assert routes.weight_only(CPU, rows, torch.float32, "int4pack", True, 32, native=True) == want
         assert routes.weight_only(CPU, 1, torch.float32, "int4pack", True, 32, native=False) == "dequantize"

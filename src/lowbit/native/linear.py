@@ -1,6 +1,7 @@
-"""Native int8 weight-only Linear in float32 (csrc/linear.c): x @ (codes * scale)^T + bias without
-rebuilding the float weight, each weight row widened once and dotted with every input row (16-lane float32
-partial sums with fused multiply-adds, four input rows by two weight rows at a time). Not bit-identical to a
+"""Native int8 / int4 weight-only Linear in float32: x @ weight^T + bias without rebuilding the float weight.
+One to four input rows (csrc/linear_few.c) decode the codes in registers; more rows (csrc/linear.c) widen each
+weight row once into a float buffer and dot it with every input row (float32 vector sums with fused
+multiply-adds, four input rows by two weight rows at a time). Not bit-identical to a
 float32 matmul of the dequantized weight (another summation order, and the scale applied to the sum), but
 float32 arithmetic throughout: relative error ~1e-7 to the float64 sum."""
 

@@ -47,11 +47,14 @@ FUSED_MIN_ROWS = 256  # from here the per-token quantize / rescale steps run com
 # from 256 rows (int8 1024²: 1.06 against 1.00, 4096²: 1.35 against 0.95), where the sgemm of the rebuilt
 # weight pulls ahead.
 NATIVE_MAX_ROWS = 128
-# On Zen 3 (AVX2, quiet, 2 threads) the same kernels lose to the dequantize route from 4-8 rows (x the rebuilt
-# weight's sgemm at 64 rows: int4 g64 576 -> 1536 8.8x, 1536 -> 576 3.4x, 576 -> 49152 4.8x) and win at 1-2 rows
-# (int4 0.51 / 0.27 / 0.36x): past NATIVE_FEW_ROWS the kernel is taken only where the probe
-# ``native_linear_rows_fast`` finds it ahead at 64 rows on the machine at hand.
-NATIVE_FEW_ROWS = 2
+# Up to NATIVE_FEW_ROWS rows the native kernels beat the dequantize route on every class measured: one to four
+# rows decode the codes in registers (csrc/linear_few.c), five to eight widen a weight row into 8- or 16-lane
+# vectors. Zen 4, 2 threads, x fp32 (native / dequantize; 2026-12-07): int4 g64 576 -> 1536 at 1 / 4 / 8 rows
+# 0.59 / 0.44 / 1.33 against 4.82 / 3.48 / 3.45, 576 -> 49152 0.08 / 0.14 / 0.36 against 1.32 / 1.02 / 1.31;
+# the same with AVX2 code (emulated: x86-64-v3 build, ATen / oneDNN / fbgemm held to AVX2) 0.74 / 0.71 / 1.15
+# against 5.11 / 2.61 / 4.18. Past it the kernel is taken only where the probe ``native_linear_rows_fast``
+# finds it ahead at 64 rows on the machine at hand.
+NATIVE_FEW_ROWS = 8
 _warned: set[tuple[str, str, str]] = set()
 
 

@@ -1,5 +1,5 @@
 /* Weight-only Linear layers in float32, without rebuilding the float weight: each weight row is widened once
- * into a float buffer and dotted with every input row (16-lane float32 partial sums). Not bit-identical to a
+ * into a float buffer and dotted with every input row (float32 partial sums in vector lanes). Not bit-identical to a
  * float32 matmul of the dequantized weight (another summation order, like any two float32 GEMMs; tests
  * compare within float32 rounding bounds).
  * - int8: out = (x . codes[n]) * scale[n] + bias[n] (per-channel scale applied to the sum);
@@ -9,9 +9,16 @@
  * Input rows are taken four at a time against two weight rows (a 4 x 2 tile of sums in registers), with fused
  * multiply-adds. */
 #include <stdlib.h>
-#include "common.h"
+#include "linear.h"
 
-typedef float lb_v16 __attribute__((vector_size(64)));
+/* Sixteen lanes (one register) where the compiler targets AVX-512, eight elsewhere: GCC splits a 64-byte
+ * vector through the stack without AVX-512 (lanes.h), which made this file 3-6x slower on AVX2 builds. */
+#if defined(__AVX512F__)
+#define LINEAR_LANES 16
+#else
+#define LINEAR_LANES 8
+#endif
+typedef float lb_vec __attribute__((vector_size(LINEAR_LANES * 4)));
 
 /* The dot products may fuse a * b + c (this file only: the quantizers keep -ffp-contract=off). Clang ignores
  * GCC's optimize attribute and takes its own pragma inside the function. */
@@ -23,45 +30,34 @@ typedef float lb_v16 __attribute__((vector_size(64)));
 #define LB_CONTRACT
 #endif
 
-static inline lb_v16 load16(const float *p) { lb_v16 v; memcpy(&v, p, sizeof v); return v; }
-static inline float sum16(lb_v16 v) {
+static inline lb_vec load_lanes(const float *p) { lb_vec v; memcpy(&v, p, sizeof v); return v; }
+static inline float sum_lanes(lb_vec v) {
     float total = 0.0f;
-    for (int j = 0; j < 16; j++) total += v[j];
+    for (int j = 0; j < LINEAR_LANES; j++) total += v[j];
     return total;
 }
 
-typedef struct {
-    const float *x; const void *codes; const float *scale, *bias; float *out;
-    int64_t rows, inner, columns;
-    const uint8_t *zero_point; /* int4 only: [columns, inner / group]; NULL for int8 */
-    int64_t group;
-    volatile int failed;
-} linear_job;
+#define store lb_linear_store
 
-static inline void store(const linear_job *job, int64_t m, int64_t n, float sum) {
-    float value = job->zero_point ? sum : sum * job->scale[n];
-    job->out[m * job->columns + n] = job->bias ? value + job->bias[n] : value;
-}
-
-/* Input rows m .. m + ROWS - 1 against weight rows n and n + 1 (widened: w0, w1): a ROWS x 2 tile of 16-lane
+/* Input rows m .. m + ROWS - 1 against weight rows n and n + 1 (widened: w0, w1): a ROWS x 2 tile of vector
  * sums held in registers, each loaded vector used twice or ROWS times. */
 #define LB_TILE(ROWS) \
     LB_FUSED_MULTIPLY_ADD static void tile_##ROWS(const linear_job *job, const float *w0, const float *w1, \
                                                   int64_t m, int64_t n, int pair) { \
         LB_CONTRACT \
-        const int64_t K = job->inner, body = K & ~(int64_t)15; \
+        const int64_t K = job->inner, body = K - K % LINEAR_LANES; \
         const float *x = job->x + m * K; \
-        lb_v16 a[ROWS][2]; \
+        lb_vec a[ROWS][2]; \
         memset(a, 0, sizeof a); \
-        for (int64_t k = 0; k < body; k += 16) { \
-            lb_v16 v0 = load16(w0 + k), v1 = load16(w1 + k); \
+        for (int64_t k = 0; k < body; k += LINEAR_LANES) { \
+            lb_vec v0 = load_lanes(w0 + k), v1 = load_lanes(w1 + k); \
             for (int r = 0; r < ROWS; r++) { \
-                lb_v16 in = load16(x + r * K + k); \
+                lb_vec in = load_lanes(x + r * K + k); \
                 a[r][0] += in * v0; a[r][1] += in * v1; \
             } \
         } \
         for (int r = 0; r < ROWS; r++) { \
-            float s0 = sum16(a[r][0]), s1 = sum16(a[r][1]); \
+            float s0 = sum_lanes(a[r][0]), s1 = sum_lanes(a[r][1]); \
             for (int64_t k = body; k < K; k++) { s0 += x[r * K + k] * w0[k]; s1 += x[r * K + k] * w1[k]; } \
             store(job, m + r, n, s0); \
             if (pair) store(job, m + r, n + 1, s1); \
@@ -115,6 +111,7 @@ static void widen(const linear_job *job, float *restrict weight, int64_t n) {
 static void linear_range(const void *context, int64_t begin, int64_t end) {
     linear_job *job = (linear_job *)context;
     const int64_t unit = job->rows * job->inner, last = end / unit;
+    if (job->rows <= LB_FEW_ROWS && lb_linear_few(job, begin / unit, last)) return;
     float *weight = malloc(2 * sizeof(float) * (size_t)job->inner);
     if (!weight) { job->failed = 1; return; }
     for (int64_t n = begin / unit; n < last; n += 2) {
