@@ -152,3 +152,33 @@ def test_int8_few_rows_are_within_rounding_and_each_row_is_its_own(inner):
         assert torch.equal(linear.int8_linear(x[:rows], layer.weight_codes, layer.weight_scale, layer.bias),
                            alone[:rows])  # fmt: skip
     assert relative_error(alone, exact) < 4 * inner * 2.0**-24
+
+
+@needs_compiler
+@pytest.mark.parametrize("ggml_type", ["q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("outer", [48, 47])
+def test_ggml_native_weights_are_ggmls_bit_for_bit_and_sums_within_rounding(ggml_type, outer):
+    """Rows of the identity pick single weights out (every other product is an exact zero), so the kernels'
+    weights must be the reference's bits (Q4_1: d * q + m rounded twice, never fused) on both the register
+    path (up to four rows) and the widening one; random rows: within float32 rounding of the float64 sum, the
+    same bits alone as in a tile."""
+    from lowbit.ops import GGMLLinear
+
+    assert build.ensure() is not None
+    torch.manual_seed(4)
+    inner = 256
+    layer = GGMLLinear.from_float(torch.nn.Linear(inner, outer, bias=False), ggml_type)
+    layer.path = "native"
+    weight = layer.dequantize_weight()
+    assert layer.run_native(torch.randn(1, inner)) is not None and layer.run_native(torch.randn(5, inner)) is not None
+    identity = torch.eye(inner)
+    for start in range(0, inner, 37):
+        for rows in (1, 4, 37):
+            picked = identity[start : start + rows]
+            assert torch.equal(layer(picked), weight.t()[start : start + rows]), (start, rows)
+    x = torch.randn(6, inner) * 2
+    exact = x.double() @ weight.double().t()
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(6)])
+    assert torch.equal(layer(x[:4]), alone[:4])
+    assert relative_error(alone, exact) < 4 * inner * 2.0**-24
+    assert relative_error(layer(x), exact) < 4 * inner * 2.0**-24  # six rows: the widening kernel

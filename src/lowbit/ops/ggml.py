@@ -9,7 +9,8 @@ format's own ``block_values``, bit for bit what ``gguf.quants.dequantize`` gives
 
 Bytes per weight: Q4_0 0.5625 (0.14x float32), Q4_1 0.625 (0.16x), Q8_0 1.0625 (0.27x).
 Paths: "reference" and "dequantize" (float32 weight rebuilt per call, in row blocks for large weights, then
-a float32 matmul), "dequantize_bf16", and for Q4_0 "native" (lowbit's float32 int4 kernel with zero point 8).
+a float32 matmul), "dequantize_bf16", and "native" (lowbit's float32 weight-only kernels: Q4_0 as int4 with
+zero point 8, Q4_1 and Q8_0 as kinds of their own; every weight ggml's float32 value).
 """
 
 from __future__ import annotations
@@ -59,9 +60,7 @@ class GGMLLinear(WeightOnlyLinear):
         if ggml_type == "q4_1":
             self.register_buffer("weight_min", torch.zeros(out_features, blocks, dtype=torch.float16))
 
-    @property
-    def has_native(self) -> bool:  # lowbit's int4 kernel computes (q - 8) * d
-        return self.ggml_type == "q4_0"
+    has_native = True  # Q4_0 on lowbit's int4 kernel (zero point 8), Q4_1 / Q8_0 on their own kinds
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "ggml_type": self.ggml_type}
@@ -117,16 +116,13 @@ class GGMLLinear(WeightOnlyLinear):
 
     def run_native(self, rows: torch.Tensor) -> torch.Tensor | None:
         if self.ggml_type != "q4_0":
-            return None
+            minimum = lambda: self.weight_min.float().contiguous() if self.ggml_type == "q4_1" else None  # noqa: E731
+            scale, minimum = self.derived("ggml_native", lambda: (self.weight_scale.float().contiguous(), minimum()))
+            return native_linear.ggml_linear(rows, self.weight_codes, scale, minimum, self.bias, self.ggml_type)
         state = lambda: (torch.full(self.weight_scale.shape, 8, dtype=torch.uint8, device=self.weight_scale.device),
                          self.weight_scale.float().contiguous())  # fmt: skip
         zero_point, scale = self.derived("q4_0_native", state)
         return native_linear.int4_linear(rows, self.weight_codes, zero_point, scale, self.bias, BLOCK_SIZE)
-
-    def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
-        if path == "native" and self.ggml_type != "q4_0":
-            path = "dequantize"  # a native kernel runs Q4_0 only
-        return super().run_path(path, rows)
 
 
 # ---- ggml's block bytes ---------------------------------------------------------------------------------------

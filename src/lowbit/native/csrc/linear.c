@@ -6,6 +6,8 @@
  * - int4: two codes per byte (low nibble first), per group g: weight = (code - zero_point[n, g]) * scale[n, g],
  *   the reference's dequantized value exactly; out = x . weight[n] + bias[n]. The even and the odd columns are
  *   summed as two halves (inputs split once per call), so the nibbles widen into contiguous runs.
+ * - ggml's Q4_1 (code * d + m per block of 32, two roundings) and Q8_0 (code * d) the same way: the kinds of
+ *   linear.h's enum lb_weight_kind, through lb_weight_linear_f32.
  * Input rows are taken four at a time against two weight rows (a 4 x 2 tile of sums in registers), with fused
  * multiply-adds. */
 #include <stdlib.h>
@@ -74,36 +76,57 @@ static void dot_rows(const linear_job *job, const float *w0, const float *w1, in
 }
 
 /* A fixed trip count: straight vector code (a conversion of a byte vector with __builtin_convertvector is
- * done lane by lane by GCC). */
+ * done lane by lane by GCC). Products and sums round separately here (no contraction outside the dots). */
 static inline void widen16(const uint8_t *restrict bytes, float *restrict low, float *restrict high, float zero,
-                           float scale) {
+                           float scale, float minimum, int with_minimum) {
     for (int j = 0; j < 16; j++) {
-        low[j] = ((float)(bytes[j] & 15) - zero) * scale;
-        high[j] = ((float)(bytes[j] >> 4) - zero) * scale;
+        if (with_minimum) {
+            low[j] = (float)(bytes[j] & 15) * scale + minimum;
+            high[j] = (float)(bytes[j] >> 4) * scale + minimum;
+        } else {
+            low[j] = ((float)(bytes[j] & 15) - zero) * scale;
+            high[j] = ((float)(bytes[j] >> 4) - zero) * scale;
+        }
+    }
+}
+
+static void widen_int8(const linear_job *job, float *restrict weight, int64_t n) {
+    const int8_t *codes = (const int8_t *)job->codes + n * job->inner;
+    if (job->kind == LB_INT8_CHANNEL) {
+        for (int64_t k = 0; k < job->inner; k++) weight[k] = (float)codes[k];
+        return;
+    }
+    const int64_t groups = job->inner / job->group;
+    for (int64_t g = 0; g < groups; g++) {
+        const float scale = job->scale[n * groups + g];
+        for (int64_t k = g * job->group; k < (g + 1) * job->group; k++) weight[k] = (float)codes[k] * scale;
     }
 }
 
 static void widen(const linear_job *job, float *restrict weight, int64_t n) {
-    if (!job->zero_point) {
-        const int8_t *codes = (const int8_t *)job->codes + n * job->inner;
-        for (int64_t k = 0; k < job->inner; k++) weight[k] = (float)codes[k];
+    if (!lb_linear_packed(job)) {
+        widen_int8(job, weight, n);
         return;
     }
     /* int4: the low nibbles' weights first, then the high ones' (the input rows were split the same way:
      * even columns first), so both halves are written contiguously */
     const uint8_t *packed = (const uint8_t *)job->codes + n * (job->inner / 2);
     const int64_t groups = job->inner / job->group, half = job->group / 2;
+    const int with_minimum = job->kind == LB_INT4_MIN;
     float *restrict low = weight, *restrict high = weight + job->inner / 2;
     for (int64_t g = 0; g < groups; g++) {
-        const float zero = (float)job->zero_point[n * groups + g], scale = job->scale[n * groups + g];
+        const float scale = job->scale[n * groups + g];
+        const float zero = with_minimum ? 0.0f : (float)job->zero_point[n * groups + g];
+        const float minimum = with_minimum ? job->minimum[n * groups + g] : 0.0f;
         const uint8_t *restrict bytes = packed + g * half;
-        if (half % 16 == 0) { /* groups of 32, 64, ...: sixteen bytes at a time */
-            for (int64_t j = 0; j < half; j += 16) widen16(bytes + j, low + g * half + j, high + g * half + j, zero, scale);
-            continue;
-        }
-        for (int64_t j = 0; j < half; j++) {
-            low[g * half + j] = ((float)(bytes[j] & 15) - zero) * scale;
-            high[g * half + j] = ((float)(bytes[j] >> 4) - zero) * scale;
+        int64_t j = 0;
+        for (; half % 16 == 0 && j < half; j += 16) /* groups of 32, 64, ...: sixteen bytes at a time */
+            widen16(bytes + j, low + g * half + j, high + g * half + j, zero, scale, minimum, with_minimum);
+        for (; j < half; j++) {
+            low[g * half + j] = with_minimum ? (float)(bytes[j] & 15) * scale + minimum
+                                             : ((float)(bytes[j] & 15) - zero) * scale;
+            high[g * half + j] = with_minimum ? (float)(bytes[j] >> 4) * scale + minimum
+                                              : ((float)(bytes[j] >> 4) - zero) * scale;
         }
     }
 }
@@ -127,31 +150,43 @@ static void linear_range(const void *context, int64_t begin, int64_t end) {
  * OpenMP pool from far fewer (parallel.c). Work is counted in multiply-adds, split by whole columns. */
 #define LB_LINEAR_THREADS_FROM ((int64_t)1 << 22)
 
-/* x [rows, inner] f32, codes [columns, inner] int8, scale [columns], bias [columns] or NULL -> out [rows, columns].
- * Returns 0, or -1 when a work buffer could not be allocated (out is then incomplete). */
-int lb_int8_linear_f32(const float *x, const int8_t *codes, const float *scale, const float *bias, float *out,
-                       int64_t rows, int64_t inner, int64_t columns, int threads) {
-    linear_job job = {x, codes, scale, bias, out, rows, inner, columns, NULL, 0, 0};
-    if (rows <= 0 || inner <= 0 || columns <= 0) return 0;
-    lb_parallel_from(columns * rows * inner, rows * inner, threads, LB_LINEAR_THREADS_FROM, linear_range, &job);
-    return job.failed ? -1 : 0;
-}
-
-/* x [rows, inner] f32, packed [columns, inner / 2] uint8, zero_point [columns, inner / group] uint8, scale
- * [columns, inner / group] f32, bias [columns] or NULL -> out [rows, columns]; group even, dividing inner. */
-int lb_int4_linear_f32(const float *x, const uint8_t *packed, const uint8_t *zero_point, const float *scale,
-                       const float *bias, float *out, int64_t rows, int64_t inner, int64_t columns, int64_t group,
-                       int threads) {
-    if (rows <= 0 || inner <= 0 || columns <= 0 || group <= 0 || group % 2 || inner % group) return -1;
-    float *split = malloc(sizeof(float) * (size_t)(rows * inner)); /* each row: even columns, then odd ones */
-    if (!split) return -1;
-    for (int64_t m = 0; m < rows; m++)
-        for (int64_t k = 0; k < inner; k += 2) {
-            split[m * inner + k / 2] = x[m * inner + k];
-            split[m * inner + inner / 2 + k / 2] = x[m * inner + k + 1];
-        }
-    linear_job job = {split, packed, scale, bias, out, rows, inner, columns, zero_point, group, 0};
+/* x [rows, inner] f32, codes (see enum lb_weight_kind), scale [columns] (LB_INT8_CHANNEL) or [columns, inner /
+ * group], zero_point (LB_INT4_ZERO) / minimum (LB_INT4_MIN) [columns, inner / group] or NULL, bias [columns] or
+ * NULL -> out [rows, columns]. Returns 0, or -1 for sizes it does not take or a work buffer it could not
+ * allocate (out is then incomplete). */
+int lb_weight_linear_f32(const float *x, const void *codes, const uint8_t *zero_point, const float *scale,
+                         const float *minimum, const float *bias, float *out, int64_t rows, int64_t inner,
+                         int64_t columns, int64_t group, int kind, int threads) {
+    if (rows <= 0 || inner <= 0 || columns <= 0 || kind < LB_INT8_CHANNEL || kind > LB_INT8_GROUP) return -1;
+    if (kind != LB_INT8_CHANNEL && (group <= 0 || inner % group)) return -1;
+    if ((kind == LB_INT4_ZERO && !zero_point) || (kind == LB_INT4_MIN && !minimum)) return -1;
+    linear_job job = {x, codes, scale, bias, out, rows, inner, columns, zero_point, minimum, group, kind, 0};
+    float *split = NULL; /* packed int4: each input row as its even columns, then its odd ones */
+    if (kind == LB_INT4_ZERO || kind == LB_INT4_MIN) {
+        if (group % 2 || !(split = malloc(sizeof(float) * (size_t)(rows * inner)))) return -1;
+        for (int64_t m = 0; m < rows; m++)
+            for (int64_t k = 0; k < inner; k += 2) {
+                split[m * inner + k / 2] = x[m * inner + k];
+                split[m * inner + inner / 2 + k / 2] = x[m * inner + k + 1];
+            }
+        job.x = split;
+    }
     lb_parallel_from(columns * rows * inner, rows * inner, threads, LB_LINEAR_THREADS_FROM, linear_range, &job);
     free(split);
     return job.failed ? -1 : 0;
+}
+
+/* The int8 per-channel and int4 zero-point forms of lb_weight_linear_f32 (their original entry points). */
+int lb_int8_linear_f32(const float *x, const int8_t *codes, const float *scale, const float *bias, float *out,
+                       int64_t rows, int64_t inner, int64_t columns, int threads) {
+    if (rows <= 0 || inner <= 0 || columns <= 0) return 0;
+    return lb_weight_linear_f32(x, codes, NULL, scale, NULL, bias, out, rows, inner, columns, 0, LB_INT8_CHANNEL,
+                                threads);
+}
+
+int lb_int4_linear_f32(const float *x, const uint8_t *packed, const uint8_t *zero_point, const float *scale,
+                       const float *bias, float *out, int64_t rows, int64_t inner, int64_t columns, int64_t group,
+                       int threads) {
+    return lb_weight_linear_f32(x, packed, zero_point, scale, NULL, bias, out, rows, inner, columns, group,
+                                LB_INT4_ZERO, threads);
 }

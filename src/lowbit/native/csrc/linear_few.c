@@ -2,9 +2,11 @@
  * each group of packed bytes is widened to int32 lanes, turned into float weights and dotted with the input
  * rows at once, so a weight row is read once and never written back as floats (linear.c widens it into a
  * buffer first, which pays off only over many input rows).
- * - int4: weight = (float)(code - zero_point) * scale, one float32 rounding: the reference's dequantized value
- *   bit for bit (the difference of two small integers is exact); inputs split even / odd columns (linear.c).
- * - int8: the codes as floats, the per-channel scale applied to the sum (as linear.c).
+ * - int4 (LB_INT4_ZERO, LB_INT4_MIN): each group's sixteen possible weights computed once, as the reference
+ *   computes them, and looked up by code: the reference's dequantized values bit for bit; inputs split even /
+ *   odd columns (linear.c).
+ * - int8: the codes as floats, the per-channel scale applied to the sum (as linear.c), or per group
+ *   code * scale (ggml's Q8_0).
  * The sums run in float32 lanes with fused multiply-adds: another summation order than a float32 matmul of
  * the dequantized weight, within the same rounding bounds. Two weight rows at a time share each input vector;
  * AVX-512 builds take four input rows in one tile, AVX2 builds two (sixteen registers). Builds with neither
@@ -63,26 +65,42 @@ static inline float sum_f(few_f v) {
     return total;
 }
 
-/* A group's sixteen weights ((float)(j - zero) * scale for codes j = 0..15) and the weights of sixteen codes
- * (the low four bits of each int32 lane). AVX-512 looks them up in one register (a permute reads the low four
- * bits of each index); AVX2's permute reads three, so there the codes are converted and scaled directly. Both
- * give the reference's value: the same single rounding of an exact small integer times the scale. */
+/* The product rounded before anything is added to it (the tiles contract a * b + c into one rounding; ggml's
+ * Q4_1 weight is a product and a sum, each rounded; with its float16 d the product is exact anyway, but the
+ * kernel takes any float32 scale). */
+#if FEW_LANES == 16
+static inline few_f rounded(few_f v) { __asm__("" : "+v"(v)); return v; }
+#else
+static inline few_f rounded(few_f v) { __asm__("" : "+x"(v)); return v; }
+#endif
+
+/* A group's sixteen weights, one per code j = 0..15: (j - zero) * scale (LB_INT4_ZERO) or j * scale + minimum
+ * (LB_INT4_MIN), each the reference's float32 value (j - zero is exact); and the weights of the codes in the
+ * low four bits of each int32 lane, looked up: AVX-512 permutes one register by four index bits, AVX2 two
+ * registers by three and picks by the fourth. */
+static inline few_f group_weights(const linear_job *job, int64_t at, few_f codes) {
+    const few_f scale = splat_f(job->scale[at]);
+    if (job->kind == LB_INT4_MIN) return rounded(codes * scale) + splat_f(job->minimum[at]);
+    return (codes - splat_f((float)job->zero_point[at])) * scale;
+}
 #if FEW_LANES == 16
 typedef few_f int4_weights;
-static inline int4_weights int4_group(int32_t zero, float scale) {
-    const few_i codes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    return __builtin_convertvector(codes - zero, few_f) * splat_f(scale);
+static inline int4_weights int4_group(const linear_job *job, int64_t at) {
+    return group_weights(job, at, (few_f){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
 }
 static inline few_f int4_lookup(few_i codes, int4_weights table) {
     return (few_f)_mm512_permutexvar_ps((__m512i)codes, (__m512)table);
 }
 #else
-typedef struct { few_i zero; few_f scale; } int4_weights;
-static inline int4_weights int4_group(int32_t zero, float scale) {
-    return (int4_weights){splat_i(zero), splat_f(scale)};
+typedef struct { few_f low, high; } int4_weights;
+static inline int4_weights int4_group(const linear_job *job, int64_t at) {
+    return (int4_weights){group_weights(job, at, (few_f){0, 1, 2, 3, 4, 5, 6, 7}),
+                          group_weights(job, at, (few_f){8, 9, 10, 11, 12, 13, 14, 15})};
 }
-static inline few_f int4_lookup(few_i codes, int4_weights group) {
-    return __builtin_convertvector((codes & 15) - group.zero, few_f) * group.scale;
+static inline few_f int4_lookup(few_i codes, int4_weights table) {
+    const __m256 low = _mm256_permutevar8x32_ps((__m256)table.low, (__m256i)codes);
+    const __m256 high = _mm256_permutevar8x32_ps((__m256)table.high, (__m256i)codes);
+    return (few_f)_mm256_blendv_ps(low, high, _mm256_castsi256_ps(_mm256_slli_epi32((__m256i)codes, 28)));
 }
 #endif
 
@@ -92,13 +110,12 @@ static inline few_f int4_lookup(few_i codes, int4_weights group) {
         FEW_CONTRACT \
         const int64_t K = job->inner, half_k = K / 2, groups = K / job->group, half = job->group / 2; \
         const uint8_t *row0 = (const uint8_t *)job->codes + n * half_k, *row1 = pair ? row0 + half_k : row0; \
-        const uint8_t *zero0 = job->zero_point + n * groups, *zero1 = pair ? zero0 + groups : zero0; \
-        const float *scale0 = job->scale + n * groups, *scale1 = pair ? scale0 + groups : scale0; \
+        const int64_t at0 = n * groups, at1 = pair ? at0 + groups : at0; \
         const float *x = job->x + m * K; \
         few_f a[ROWS][2]; \
         memset(a, 0, sizeof a); \
         for (int64_t g = 0; g < groups; g++) { \
-            const int4_weights t0 = int4_group(zero0[g], scale0[g]), t1 = int4_group(zero1[g], scale1[g]); \
+            const int4_weights t0 = int4_group(job, at0 + g), t1 = int4_group(job, at1 + g); \
             for (int64_t j = g * half; j < (g + 1) * half; j += FEW_LANES) { \
                 const few_i c0 = bytes_unsigned(row0 + j), c1 = bytes_unsigned(row1 + j); \
                 const few_f low0 = int4_lookup(c0, t0), high0 = int4_lookup(c0 >> 4, t0); \
@@ -116,18 +133,23 @@ static inline few_f int4_lookup(few_i codes, int4_weights group) {
         } \
     }
 
-/* The same for int8 weight rows: codes as floats, any inner size (a scalar tail). */
+/* The same for int8 weight rows: codes as floats (LB_INT8_CHANNEL: any inner size, a scalar tail; the scale
+ * applied to the sum by the store) or codes times their group's scale (LB_INT8_GROUP). */
 #define INT8_TILE(ROWS) \
     FEW_FUSED static void int8_tile_##ROWS(const linear_job *job, int64_t m, int64_t n, int pair) { \
         FEW_CONTRACT \
         const int64_t K = job->inner, body = K - K % FEW_LANES; \
         const int8_t *row0 = (const int8_t *)job->codes + n * K, *row1 = pair ? row0 + K : row0; \
+        const int grouped = job->kind == LB_INT8_GROUP; \
+        const int64_t group = grouped ? job->group : K, groups = K / group; \
+        const float *scale0 = job->scale + n * groups, *scale1 = pair ? scale0 + groups : scale0; \
         const float *x = job->x + m * K; \
         few_f a[ROWS][2]; \
         memset(a, 0, sizeof a); \
         for (int64_t k = 0; k < body; k += FEW_LANES) { \
-            const few_f w0 = __builtin_convertvector(bytes_signed(row0 + k), few_f); \
-            const few_f w1 = __builtin_convertvector(bytes_signed(row1 + k), few_f); \
+            few_f w0 = __builtin_convertvector(bytes_signed(row0 + k), few_f); \
+            few_f w1 = __builtin_convertvector(bytes_signed(row1 + k), few_f); \
+            if (grouped) { w0 *= splat_f(scale0[k / group]); w1 *= splat_f(scale1[k / group]); } \
             for (int r = 0; r < ROWS; r++) { \
                 const few_f in = load_f(x + r * K + k); \
                 a[r][0] += in * w0; a[r][1] += in * w1; \
@@ -153,8 +175,9 @@ INT8_TILE(4)
 typedef void (*few_tile)(const linear_job *, int64_t, int64_t, int);
 
 int lb_linear_few(const linear_job *job, int64_t first, int64_t last) {
-    const int int4 = job->zero_point != NULL;
+    const int int4 = lb_linear_packed(job);
     if (job->rows > LB_FEW_ROWS || (int4 && (job->group / 2) % FEW_LANES)) return 0;
+    if (job->kind == LB_INT8_GROUP && job->group % FEW_LANES) return 0; /* a group's scale per whole vector */
     few_tile one = int4 ? int4_tile_1 : int8_tile_1, two = int4 ? int4_tile_2 : int8_tile_2;
 #if FEW_TILE_MAX == 4
     few_tile four = int4 ? int4_tile_4 : int8_tile_4;
