@@ -50,7 +50,9 @@ def variants(calibration: list[torch.Tensor], gptq: bool) -> dict[str, tuple[str
         "w8a8_static": ("w8a8_static", {"calibration_data": calibration}),
         "int4_weight_only g64 plain round": ("int4_weight_only", {"group_size": 64, "search": False}),
         "int4_weight_only g64 (range search)": ("int4_weight_only", {"group_size": 64}),
-        "int4_weight_only g32 plain round (= the GGUF's Q4_1 grid)": ("int4_weight_only", {"group_size": 32, "search": False}),
+        "int4_weight_only g32 plain round (integer zero point: not Q4_1's grid)": ("int4_weight_only", {"group_size": 32, "search": False}),
+        "gguf_q4_1 (ggml's Q4_1: the shipped weights' own grid)": ("gguf_q4_1", {}),
+        "gguf_q8_0": ("gguf_q8_0", {}),
     }  # fmt: skip
     if gptq:
         rows["int4_weight_only g64 GPTQ"] = ("int4_weight_only", {"group_size": 64, "method": "gptq",
@@ -129,8 +131,12 @@ def measure(args) -> list[str]:
             rows.append((label, None, None, None, None, f"{type(error).__name__}: {str(error).splitlines()[0][:100]}"))
             continue
         built = time.perf_counter() - began
-        ppl = lowbit.perplexity(model, test_ids, args.seqlen, args.windows)
-        speed, fp32_speed = paired_speed(model, fp32, prompt, args.decode_tokens, args.rounds)
+        try:
+            ppl = lowbit.perplexity(model, test_ids, args.seqlen, args.windows)
+            speed, fp32_speed = paired_speed(model, fp32, prompt, args.decode_tokens, args.rounds)
+        except Exception as error:  # a peer that builds but does not run here (say, under inference_mode)
+            rows.append((label, None, None, None, None, f"runs: {type(error).__name__}: {str(error).splitlines()[0][:100]}"))
+            continue
         rows.append((label, ppl, linear_bytes(model, names), speed, fp32_speed, f"built in {built:.0f} s"))
         print(f"{label}: done", file=sys.stderr)
         del model
