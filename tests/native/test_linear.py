@@ -182,3 +182,47 @@ def test_ggml_native_weights_are_ggmls_bit_for_bit_and_sums_within_rounding(ggml
     assert torch.equal(layer(x[:4]), alone[:4])
     assert relative_error(alone, exact) < 4 * inner * 2.0**-24
     assert relative_error(layer(x), exact) < 4 * inner * 2.0**-24  # six rows: the widening kernel
+
+
+def _weight_only_modules():
+    from lowbit.ops import GGMLLinear, Int4WeightOnlyLinear
+
+    torch.manual_seed(5)
+    linear_layer = torch.nn.Linear(256, 37)
+    yield "int8", Int8WeightOnlyLinear.from_float(linear_layer)
+    for group, scale_dtype in ((32, "bf16"), (64, "f16"), (2, "f32"), (256, "f32")):
+        yield f"int4 g{group}", Int4WeightOnlyLinear.from_float(linear_layer, group_size=group, scale_dtype=scale_dtype)
+    for ggml_type in ("q4_0", "q4_1", "q8_0"):
+        yield ggml_type, GGMLLinear.from_float(linear_layer, ggml_type)
+
+
+@needs_compiler
+def test_native_weight_rows_are_the_reference_weight_bit_for_bit():
+    """The dequantize route's rebuilt rows (csrc/weight_rows.c) are dequantized_weight's bits, whole and in row
+    blocks, threaded or not; the route then gives the same result as with torch's rebuild."""
+    assert build.ensure() is not None
+    x = torch.randn(40, 256)
+    for label, layer in _weight_only_modules():
+        reference = layer.dequantized_weight()
+        whole = layer.native_weight_rows(0, layer.out_features)
+        assert whole is not None and torch.equal(whole, reference), label
+        assert torch.equal(layer.native_weight_rows(5, 23), reference[5:23]), label
+        with kernels.threads_from(1 << 8):
+            assert torch.equal(layer.native_weight_rows(0, layer.out_features), reference), label
+        layer.path = "dequantize"
+        try:
+            backend.set_backend("auto")
+            native_route = layer(x)
+        finally:
+            backend.set_backend("eager")
+        assert torch.equal(native_route, layer(x)), label  # eager: torch's rebuild, the same weight
+
+
+def test_native_weight_rows_refuse_what_they_do_not_take():
+    codes = torch.zeros(4, 16, dtype=torch.uint8)
+    scale = torch.ones(4, 1)
+    assert linear.weight_rows("int4_zero", codes, scale, group=32) is None  # no zero points
+    assert linear.weight_rows("int4_zero", codes, scale[:2], zero_point=torch.zeros(4, 1, dtype=torch.uint8), group=32) is None
+    assert linear.weight_rows("int4_zero", codes, scale, zero_point=torch.zeros(4, 1, dtype=torch.uint8), group=31) is None
+    assert linear.weight_rows("int8_channel", codes, scale.squeeze(1)) is None  # uint8 codes: not int8
+    assert linear.weight_rows("bogus", codes, scale) is None

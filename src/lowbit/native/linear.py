@@ -96,3 +96,38 @@ def ggml_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, minim
     status = entry(x.data_ptr(), codes.data_ptr(), 0, scale.data_ptr(), pointer(minimum),
                    pointer(bias), out.data_ptr(), rows, inner, columns, block, GGML_KINDS[ggml_type], threads())  # fmt: skip
     return out if status == 0 else None
+
+
+# csrc/linear.h's enum lb_weight_kind, by name
+KINDS = {"int8_channel": 0, "int4_zero": 1, "int4_min": 2, "int8_group": 3}
+_ROWS_ARGUMENTS = [POINTER] * 5 + [I64, I64, I64, INT, INT]
+
+
+def weight_rows(kind: str, codes: torch.Tensor, scale: torch.Tensor, *, zero_point: torch.Tensor | None = None,
+                minimum: torch.Tensor | None = None, group: int = 0) -> torch.Tensor | None:  # fmt: skip
+    """float32 weight rows [N, K] rebuilt from a weight-only module's buffers, each value the reference's bit for
+    bit (csrc/weight_rows.c): ``kind`` "int8_channel" (int8 codes [N, K] x scale [N]), "int8_group" (x scale
+    [N, K / group]), "int4_zero" (packed nibbles [N, K / 2], (code - zero_point) * scale per group) or
+    "int4_min" (code * scale + minimum per group); float32 scales and minima. None where the kernel does not
+    apply (no library, other dtypes or devices, non-contiguous buffers, mismatched sizes)."""
+    entry = function("lb_weight_rows_f32", _ROWS_ARGUMENTS, INT)
+    if entry is None or kind not in KINDS or codes.dim() != 2:
+        return None
+    packed = kind.startswith("int4")
+    rows, inner = codes.shape[0], codes.shape[1] * (2 if packed else 1)
+    if rows == 0 or inner == 0 or (kind != "int8_channel" and (group < 2 or inner % group)):
+        return None
+    groups = rows if kind == "int8_channel" else rows * (inner // group)
+    tensors = [(codes, torch.uint8 if packed else torch.int8, codes.numel()), (scale, torch.float32, groups)]
+    extra = {"int4_zero": (zero_point, torch.uint8), "int4_min": (minimum, torch.float32)}.get(kind)
+    if extra is not None:
+        if extra[0] is None:
+            return None
+        tensors.append((extra[0], extra[1], groups))
+    if not _fits(tensors):
+        return None
+    out = torch.empty(rows, inner)
+    pointer = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+    status = entry(codes.data_ptr(), pointer(zero_point), scale.data_ptr(), pointer(minimum), out.data_ptr(), rows,
+                   inner, group, KINDS[kind], threads())  # fmt: skip
+    return out if status == 0 else None

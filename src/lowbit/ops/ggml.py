@@ -114,14 +114,34 @@ class GGMLLinear(WeightOnlyLinear):
     def run_packed(self, rows: torch.Tensor) -> torch.Tensor:
         raise ConfigError("GGMLLinear has no packed kernel")
 
-    def run_native(self, rows: torch.Tensor) -> torch.Tensor | None:
-        if self.ggml_type != "q4_0":
-            minimum = lambda: self.weight_min.float().contiguous() if self.ggml_type == "q4_1" else None  # noqa: E731
-            scale, minimum = self.derived("ggml_native", lambda: (self.weight_scale.float().contiguous(), minimum()))
-            return native_linear.ggml_linear(rows, self.weight_codes, scale, minimum, self.bias, self.ggml_type)
+    def native_weight_rows(self, start: int, end: int) -> torch.Tensor | None:
+        scale, minimum = self._native_fields()
+        codes = self.weight_codes[start:end]
+        if self.ggml_type == "q8_0":
+            return native_linear.weight_rows("int8_group", codes, scale[start:end], group=BLOCK_SIZE)
+        if self.ggml_type == "q4_1":
+            return native_linear.weight_rows("int4_min", codes, scale[start:end], minimum=minimum[start:end],
+                                             group=BLOCK_SIZE)  # fmt: skip
+        zero_point, scale = self._q4_0_fields()
+        return native_linear.weight_rows("int4_zero", codes, scale[start:end], zero_point=zero_point[start:end],
+                                         group=BLOCK_SIZE)  # fmt: skip
+
+    def _native_fields(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """float32 d and (Q4_1) m, contiguous, kept until the buffers change."""
+        minimum = lambda: self.weight_min.float().contiguous() if self.ggml_type == "q4_1" else None  # noqa: E731
+        return self.derived("ggml_native", lambda: (self.weight_scale.float().contiguous(), minimum()))
+
+    def _q4_0_fields(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q4_0 as lowbit's int4: zero point 8 and float32 d."""
         state = lambda: (torch.full(self.weight_scale.shape, 8, dtype=torch.uint8, device=self.weight_scale.device),
                          self.weight_scale.float().contiguous())  # fmt: skip
-        zero_point, scale = self.derived("q4_0_native", state)
+        return self.derived("q4_0_native", state)
+
+    def run_native(self, rows: torch.Tensor) -> torch.Tensor | None:
+        if self.ggml_type != "q4_0":
+            scale, minimum = self._native_fields()
+            return native_linear.ggml_linear(rows, self.weight_codes, scale, minimum, self.bias, self.ggml_type)
+        zero_point, scale = self._q4_0_fields()
         return native_linear.int4_linear(rows, self.weight_codes, zero_point, scale, self.bias, BLOCK_SIZE)
 
 

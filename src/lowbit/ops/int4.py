@@ -136,6 +136,11 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
         return native_linear.int4_linear(rows, self.weight_codes, self.weight_zero_point, scale, self.bias,
                                          self.group_size)  # fmt: skip
 
+    def native_weight_rows(self, start: int, end: int) -> torch.Tensor | None:
+        scale = self.derived("float_scale", lambda: self.weight_scale.float().contiguous())
+        return native_linear.weight_rows("int4_zero", self.weight_codes[start:end], scale[start:end],
+                                         zero_point=self.weight_zero_point[start:end], group=self.group_size)  # fmt: skip
+
     def run_packed(self, rows: torch.Tensor) -> torch.Tensor:
         if not self.packed_fits():
             raise ConfigError(f"path 'int4pack' needs out_features % 16 == 0 and group_size in 32..256 and the "

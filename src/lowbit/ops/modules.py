@@ -178,6 +178,18 @@ class WeightOnlyLinear(RealQuantLinear):
         """The float32 native kernel's result (contiguous float32 rows), None where it does not apply."""
         raise NotImplementedError
 
+    def native_weight_rows(self, start: int, end: int) -> torch.Tensor | None:
+        """Weight rows [start, end) rebuilt in one native pass (``native.linear.weight_rows``: the values of
+        ``dequantized_weight`` bit for bit), None where no kernel takes this module's buffers."""
+        return None
+
+    def rebuilt_weight(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """The "dequantize" route's float32 weight rows: native where the backend may run native kernels and
+        they take the buffers, else ``dequantized_weight`` (the same bits either way)."""
+        end = self.out_features if end is None else end
+        rows = self.native_weight_rows(start, end) if backend.native_ready() else None
+        return self.dequantized_weight(start, end) if rows is None else rows
+
     def run_path(self, path: str, rows: torch.Tensor) -> torch.Tensor:
         if path == self.packed_path:
             return self.run_packed(rows)
@@ -190,7 +202,7 @@ class WeightOnlyLinear(RealQuantLinear):
                 return out
             path = "dequantize"  # buffers the kernel does not take (moved off the CPU)
         dtype = torch.bfloat16 if path == "dequantize_bf16" else torch.float32
-        return dequantized_linear(rows, self.dequantized_weight, self.out_features, self.in_features, self.bias, dtype)
+        return dequantized_linear(rows, self.rebuilt_weight, self.out_features, self.in_features, self.bias, dtype)
 
 
 def _check_linear(module: nn.Module) -> None:
@@ -359,3 +371,6 @@ class Int8WeightOnlyLinear(_Int8WeightLinear, WeightOnlyLinear):
 
     def run_native(self, rows: torch.Tensor) -> torch.Tensor | None:
         return native_linear.int8_linear(rows, self.weight_codes, self.weight_scale, self.bias)
+
+    def native_weight_rows(self, start: int, end: int) -> torch.Tensor | None:
+        return native_linear.weight_rows("int8_channel", self.weight_codes[start:end], self.weight_scale[start:end])
