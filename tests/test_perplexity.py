@@ -139,3 +139,16 @@ def test_smollm2_on_two_wikipedia_windows():
     _, again = load_smollm2()
     assert type(again.model.layers[0].mlp.down_proj) is torch.nn.Linear and again is not model
     assert lowbit.perplexity(again, ids, seqlen=128, windows=2) == fp32
+
+
+def test_a_bos_token_before_each_window_scores_every_window_token():
+    torch.manual_seed(1)
+    model, ids = Bigram(), torch.randint(1, 11, (60,))
+    windows = torch.cat([torch.zeros(3, 1, dtype=torch.long), ids.reshape(3, 20)], dim=1)  # BOS id 0 first
+    with torch.no_grad():
+        expected = reference(model, windows)  # 20 targets per window, the first predicted from the BOS
+        assert lowbit.perplexity(model, ids, seqlen=20, bos_token_id=0) == pytest.approx(expected, rel=1e-6)
+        assert lowbit.perplexity(model, ids, seqlen=20, bos_token_id=0) != lowbit.perplexity(model, ids, seqlen=20)
+    for bad in (-1, 1.5, True, "0"):
+        with pytest.raises(ConfigError, match="bos_token_id"):
+            lowbit.perplexity(model, ids, seqlen=20, bos_token_id=bad)

@@ -222,7 +222,8 @@ def test_native_weight_rows_refuse_what_they_do_not_take():
     codes = torch.zeros(4, 16, dtype=torch.uint8)
     scale = torch.ones(4, 1)
     assert linear.weight_rows("int4_zero", codes, scale, group=32) is None  # no zero points
-    assert linear.weight_rows("int4_zero", codes, scale[:2], zero_point=torch.zeros(4, 1, dtype=torch.uint8), group=32) is None
-    assert linear.weight_rows("int4_zero", codes, scale, zero_point=torch.zeros(4, 1, dtype=torch.uint8), group=31) is None
+    zero_point = torch.zeros(4, 1, dtype=torch.uint8)
+    assert linear.weight_rows("int4_zero", codes, scale[:2], zero_point=zero_point, group=32) is None
+    assert linear.weight_rows("int4_zero", codes, scale, zero_point=zero_point, group=31) is None
     assert linear.weight_rows("int8_channel", codes, scale.squeeze(1)) is None  # uint8 codes: not int8
     assert linear.weight_rows("bogus", codes, scale) is None

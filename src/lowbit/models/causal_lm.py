@@ -68,12 +68,19 @@ def causal_logits(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def perplexity(model: nn.Module, token_ids: torch.Tensor, seqlen: int = 512, windows: int | None = None,
-               *, batch_size: int = 1) -> float:  # fmt: skip
+               *, batch_size: int = 1, bos_token_id: int | None = None) -> float:  # fmt: skip
     """exp(mean next-token NLL) of ``model`` over non-overlapping windows of ``token_ids`` (see the module
-    docstring); ``batch_size`` windows run per forward (the result does not depend on it beyond rounding)."""
+    docstring); ``batch_size`` windows run per forward (the result does not depend on it beyond rounding).
+    ``bos_token_id``: each window is fed after that token and all ``seqlen`` of its tokens are scored (models
+    such as Gemma expect a beginning-of-sequence token at position 0)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size={batch_size!r} must be a positive int")
+    if bos_token_id is not None and (isinstance(bos_token_id, bool) or not isinstance(bos_token_id, int)
+                                     or bos_token_id < 0):  # fmt: skip
+        raise ConfigError(f"bos_token_id={bos_token_id!r} must be a token id (an int >= 0) or None")
     chunks = token_windows(token_ids, seqlen, windows)  # [n, seqlen]
+    if bos_token_id is not None:
+        chunks = torch.cat([torch.full((chunks.shape[0], 1), bos_token_id, dtype=chunks.dtype), chunks], dim=1)
     device, was_training = model_device(model), model.training
     model.eval()
     total, count = 0.0, 0

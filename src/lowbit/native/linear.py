@@ -93,8 +93,8 @@ def ggml_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, minim
         return None
     out = torch.empty(rows, columns)
     pointer = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
-    status = entry(x.data_ptr(), codes.data_ptr(), 0, scale.data_ptr(), pointer(minimum),
-                   pointer(bias), out.data_ptr(), rows, inner, columns, block, GGML_KINDS[ggml_type], threads())  # fmt: skip
+    status = entry(x.data_ptr(), codes.data_ptr(), 0, scale.data_ptr(), pointer(minimum), pointer(bias),
+                   out.data_ptr(), rows, inner, columns, block, GGML_KINDS[ggml_type], threads())  # fmt: skip
     return out if status == 0 else None
 
 

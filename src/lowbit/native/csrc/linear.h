@@ -24,7 +24,9 @@ typedef struct {
     volatile int failed;
 } linear_job;
 
-static inline int lb_linear_packed(const linear_job *job) { return job->kind == LB_INT4_ZERO || job->kind == LB_INT4_MIN; }
+static inline int lb_linear_packed(const linear_job *job) {
+    return job->kind == LB_INT4_ZERO || job->kind == LB_INT4_MIN;
+}
 
 /* Input rows the register kernels take: more rows amortise one widened row better (linear.c). */
 #define LB_FEW_ROWS 4
