@@ -115,15 +115,15 @@ class GGMLLinear(WeightOnlyLinear):
         raise ConfigError("GGMLLinear has no packed kernel")
 
     def native_weight_rows(self, start: int, end: int) -> torch.Tensor | None:
-        scale, minimum = self._native_fields()
         codes = self.weight_codes[start:end]
+        if self.ggml_type == "q4_0":
+            zero_point, scale = self._q4_0_fields()
+            return native_linear.weight_rows("int4_zero", codes, scale[start:end], zero_point=zero_point[start:end],
+                                             group=BLOCK_SIZE)  # fmt: skip
+        scale, minimum = self._native_fields()
         if self.ggml_type == "q8_0":
             return native_linear.weight_rows("int8_group", codes, scale[start:end], group=BLOCK_SIZE)
-        if self.ggml_type == "q4_1":
-            return native_linear.weight_rows("int4_min", codes, scale[start:end], minimum=minimum[start:end],
-                                             group=BLOCK_SIZE)  # fmt: skip
-        zero_point, scale = self._q4_0_fields()
-        return native_linear.weight_rows("int4_zero", codes, scale[start:end], zero_point=zero_point[start:end],
+        return native_linear.weight_rows("int4_min", codes, scale[start:end], minimum=minimum[start:end],
                                          group=BLOCK_SIZE)  # fmt: skip
 
     def _native_fields(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -133,9 +133,9 @@ class GGMLLinear(WeightOnlyLinear):
 
     def _q4_0_fields(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Q4_0 as lowbit's int4: zero point 8 and float32 d."""
-        state = lambda: (torch.full(self.weight_scale.shape, 8, dtype=torch.uint8, device=self.weight_scale.device),
-                         self.weight_scale.float().contiguous())  # fmt: skip
-        return self.derived("q4_0_native", state)
+        shape, device = self.weight_scale.shape, self.weight_scale.device
+        zero_point = self.derived("q4_0_zero_point", lambda: torch.full(shape, 8, dtype=torch.uint8, device=device))
+        return zero_point, self._native_fields()[0]  # d: the one float32 copy
 
     def run_native(self, rows: torch.Tensor) -> torch.Tensor | None:
         if self.ggml_type != "q4_0":
