@@ -1,4 +1,4 @@
-"""gguf_q4_0 / gguf_q4_1 / gguf_q8_0 against ggml's reference quantizer (the gguf package's numpy copy of
+"""gguf_q4_0 / gguf_q4_1 / gguf_q5_0 / gguf_q8_0 against ggml's reference quantizer (the gguf package's numpy copy of
 ggml-quants.c), bit for bit, plus every code of a block mapping to itself."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ gguf = pytest.importorskip("gguf", reason="the gguf package (llama.cpp's Python 
 from gguf.quants import dequantize, quantize  # noqa: E402
 
 TYPES = {"q4_0": gguf.GGMLQuantizationType.Q4_0, "q4_1": gguf.GGMLQuantizationType.Q4_1,
-         "q8_0": gguf.GGMLQuantizationType.Q8_0}  # fmt: skip
+         "q5_0": gguf.GGMLQuantizationType.Q5_0, "q8_0": gguf.GGMLQuantizationType.Q8_0}  # fmt: skip
 
 
 def _awkward(rows: int = 48, seed: int = 0) -> torch.Tensor:
@@ -53,7 +53,7 @@ def test_stored_fields_are_ggml_bytes(ggml_type):
 @pytest.mark.parametrize("ggml_type", list(TYPES))
 def test_every_code_maps_to_itself(ggml_type):
     """A block holding every code of the type (with its extreme codes present) quantizes to itself."""
-    low, high = (-127, 127) if ggml_type == "q8_0" else (0, 15)
+    low, high = {"q8_0": (-127, 127), "q5_0": (0, 31)}.get(ggml_type, (0, 15))
     every = torch.arange(low, high + 1, dtype=torch.float32)
     every = torch.cat([every, torch.full((-len(every) % 30,), float(low))]).reshape(-1, 30)
     extreme = torch.tensor([low, high], dtype=torch.float32).expand(len(every), 2)  # both ends in each block
@@ -79,6 +79,7 @@ def test_codec_stores_ggml_fields(ggml_type):
 def test_bits_per_element():
     assert lowbit.get_format("gguf_q4_0")().bits_per_element() == 4.5
     assert lowbit.get_format("gguf_q4_1")().bits_per_element() == 5.0
+    assert lowbit.get_format("gguf_q5_0")().bits_per_element() == 5.5
     assert lowbit.get_format("gguf_q8_0")().bits_per_element() == 8.5
 
 

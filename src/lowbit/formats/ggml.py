@@ -1,4 +1,4 @@
-"""llama.cpp's legacy block types (GGML / GGUF): ``gguf_q4_0``, ``gguf_q4_1``, ``gguf_q8_0``.
+"""llama.cpp's legacy block types (GGML / GGUF): ``gguf_q4_0``, ``gguf_q4_1``, ``gguf_q5_0``, ``gguf_q8_0``.
 
 Blocks of 32 consecutive elements along the last dimension. Each block stores a float16 scale d (and, for
 Q4_1, a float16 minimum m) and one code per element:
@@ -10,6 +10,8 @@ gguf_q4_0  0..15           d * (q - 8)                   p = the element of larg
                                                          d = p / -8, q = trunc(x / d + 8.5)
 gguf_q4_1  0..15           d * q + m                     d = (max - min) / 15, m = min,            5.0
                                                          q = trunc((x - min) / d + 0.5)
+gguf_q5_0  0..31           d * (q - 16)                  p = the element of largest |x| (first),   5.5
+                                                         d = p / -16, q = trunc(x / d + 16.5)
 gguf_q8_0  -127..127       d * q                         d = max|x| / 127, q = round(x / d)        8.5
                                                          (ties away from zero)
 ========== =============== ============================= ======================================= ==========
@@ -23,8 +25,9 @@ Beyond ggml (which never sees them in a model): a trailing partial block is read
 of its last element (so its statistics are those of its own elements); NaN elements stay NaN and, like
 +-inf, never set a block's statistics; +-inf saturate to the block's extreme codes. A block of zeros is
 d = 0 and decodes to zeros. Float16 fields saturate at +-65504 where ggml's would overflow to inf (a
-block past 65504 * 8 for Q4_0, far beyond any model weight); everywhere else the bits are ggml's.
+block past 65504 * 8 for Q4_0 or 65504 * 16 for Q5_0, far beyond any model weight); everywhere else the bits are ggml's.
 Idempotent: a block's extreme element keeps its extreme code, so the re-derived d (and m) are the same.
+The K-quants (super-blocks of 256) are :mod:`lowbit.formats.ggml_k`.
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ from lowbit.formats._base import FormatSpec
 from lowbit.formats._registry import register
 
 BLOCK_SIZE = 32
-GGML_TYPES = ("q4_0", "q4_1", "q8_0")
-CODE_RANGES = {"q4_0": (0, 15), "q4_1": (0, 15), "q8_0": (-127, 127)}
-ZERO_CODES = {"q4_0": 8, "q4_1": 0, "q8_0": 0}  # the code of a block whose d is 0
+GGML_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
+CODE_RANGES = {"q4_0": (0, 15), "q4_1": (0, 15), "q5_0": (0, 31), "q8_0": (-127, 127)}
+ZERO_CODES = {"q4_0": 8, "q4_1": 0, "q5_0": 16, "q8_0": 0}  # the code of a block whose d is 0
+CODE_BITS = {"q4_0": 4, "q4_1": 4, "q5_0": 5, "q8_0": 8}
 
 
 class GGMLFields(NamedTuple):
@@ -84,12 +88,13 @@ def _codes(ggml_type: str, scaled: torch.Tensor, blocks: torch.Tensor, inverse: 
 def block_fields(ggml_type: str, blocks: torch.Tensor) -> GGMLFields:
     """ggml's reference quantizer on float32 ``blocks`` [..., 32] (statistics over finite elements)."""
     finite = torch.isfinite(blocks)
-    if ggml_type == "q4_0":
+    if ggml_type in ("q4_0", "q5_0"):
+        middle = float(ZERO_CODES[ggml_type])
         clean = torch.where(finite, blocks, torch.zeros_like(blocks))
         peak = clean.gather(-1, clean.abs().argmax(-1, keepdim=True))  # the first element of largest |x|
-        d = peak / -8.0
+        d = peak / -middle
         inverse = _inverse(d)
-        codes = _codes(ggml_type, blocks * inverse + 8.5, blocks, inverse)
+        codes = _codes(ggml_type, blocks * inverse + (middle + 0.5), blocks, inverse)
         return GGMLFields(codes, _half(d), None)
     if ggml_type == "q4_1":
         high = torch.where(finite, blocks, -math.inf).amax(-1, keepdim=True)
@@ -113,22 +118,22 @@ def block_values(ggml_type: str, codes: torch.Tensor, scale: torch.Tensor,
     """float32 values [..., 32] of codes [..., 32] with float16 fields [...] (ggml's dequantize order)."""
     d = scale.float().unsqueeze(-1)
     codes = codes.float()
-    if ggml_type == "q4_0":
-        return d * (codes - 8.0)
+    if ggml_type in ("q4_0", "q5_0"):
+        return d * (codes - float(ZERO_CODES[ggml_type]))
     if ggml_type == "q4_1":
         return d * codes + minimum.float().unsqueeze(-1)
     return codes * d
 
 
-def to_blocks(x: torch.Tensor) -> torch.Tensor:
-    """float32 [..., n, 32] of ``x`` along its last dimension (0-d as one element; a partial last block
+def to_blocks(x: torch.Tensor, size: int = BLOCK_SIZE) -> torch.Tensor:
+    """float32 [..., n, size] of ``x`` along its last dimension (0-d as one element; a partial last block
     padded with copies of the last element, which changes none of its statistics)."""
     rows = x.reshape(1) if x.dim() == 0 else x
     rows = rows.float()
-    missing = -rows.shape[-1] % BLOCK_SIZE
+    missing = -rows.shape[-1] % size
     if missing:
         rows = torch.cat([rows, rows[..., -1:].expand(*rows.shape[:-1], missing)], dim=-1)
-    return rows.reshape(*rows.shape[:-1], rows.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
+    return rows.reshape(*rows.shape[:-1], rows.shape[-1] // size, size)
 
 
 def from_blocks(values: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -152,7 +157,7 @@ class _GGMLBlockFormat(FormatSpec):
 
     @property
     def bits(self) -> int:
-        return 8 if self.ggml_type == "q8_0" else 4
+        return CODE_BITS[self.ggml_type]
 
     def bits_per_element(self, shape: tuple[int, ...] | None = None) -> float:
         fields = self.field_bits * (2 if self.ggml_type == "q4_1" else 1)
@@ -174,7 +179,8 @@ def _ggml_format(ggml_type: str, rounding: str) -> type[FormatSpec]:
     return register(cls)
 
 
-# Q4_0 / Q4_1 round trunc(v + 0.5) of a non-negative v (ties up); Q8_0 is C's roundf (ties away from zero).
+# Q4_0 / Q4_1 / Q5_0 round trunc(v + 0.5) of a non-negative v (ties up); Q8_0 is C's roundf (ties away from zero).
 GGUF_Q4_0 = _ggml_format("q4_0", "nearest_up")
 GGUF_Q4_1 = _ggml_format("q4_1", "nearest_up")
+GGUF_Q5_0 = _ggml_format("q5_0", "nearest_up")
 GGUF_Q8_0 = _ggml_format("q8_0", "nearest_away")

@@ -12,7 +12,7 @@ from lowbit.formats._base import FormatSpec
 from lowbit.qtensor.codecs._common import Codec, Encoded, FloatLayout
 from lowbit.qtensor.codecs.affine import AffineCodec, IntegerCodec
 from lowbit.qtensor.codecs.block import BlockFPCodec, BlockLogCodec, BlockMinifloatCodec, MXCodec
-from lowbit.qtensor.codecs.ggml import GGMLCodec
+from lowbit.qtensor.codecs.ggml import GGMLCodec, KQuantCodec
 from lowbit.qtensor.codecs.float_codes import LogCodec, MinifloatCodec, OcpFloatCodec
 from lowbit.qtensor.codecs.nvfp4 import NVFP4Codec
 from lowbit.qtensor.codecs.signs import BinaryCodec, BinaryResidualCodec, TernaryCodec
@@ -29,7 +29,7 @@ def register_codec(codec: Codec) -> Codec:
 
 for _cls in (IntegerCodec, AffineCodec, MinifloatCodec, OcpFloatCodec, LogCodec, BinaryCodec, TernaryCodec,
              BinaryResidualCodec, BlockFPCodec, BlockMinifloatCodec, BlockLogCodec, MXCodec, NVFP4Codec,
-             TableCodec, GGMLCodec):  # fmt: skip
+             TableCodec, GGMLCodec, KQuantCodec):  # fmt: skip
     register_codec(_cls())
 
 
