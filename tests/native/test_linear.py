@@ -155,11 +155,11 @@ def test_int8_few_rows_are_within_rounding_and_each_row_is_its_own(inner):
 
 
 @needs_compiler
-@pytest.mark.parametrize("ggml_type", ["q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("ggml_type", ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"])
 @pytest.mark.parametrize("outer", [48, 47])
 def test_ggml_native_weights_are_ggmls_bit_for_bit_and_sums_within_rounding(ggml_type, outer):
     """Rows of the identity pick single weights out (every other product is an exact zero), so the kernels'
-    weights must be the reference's bits (Q4_1: d * q + m rounded twice, never fused) on both the register
+    weights must be the reference's bits (Q4_1 / Q4_K: d * q + m rounded twice, never fused) on both the register
     path (up to four rows) and the widening one; random rows: within float32 rounding of the float64 sum, the
     same bits alone as in a tile."""
     from lowbit.ops import GGMLLinear
@@ -192,7 +192,7 @@ def _weight_only_modules():
     yield "int8", Int8WeightOnlyLinear.from_float(linear_layer)
     for group, scale_dtype in ((32, "bf16"), (64, "f16"), (2, "f32"), (256, "f32")):
         yield f"int4 g{group}", Int4WeightOnlyLinear.from_float(linear_layer, group_size=group, scale_dtype=scale_dtype)
-    for ggml_type in ("q4_0", "q4_1", "q8_0"):
+    for ggml_type in ("q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"):
         yield ggml_type, GGMLLinear.from_float(linear_layer, ggml_type)
 
 

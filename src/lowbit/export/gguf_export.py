@@ -3,7 +3,7 @@ file llama.cpp's converter would write, with every quantized Linear in the ggml 
 
 What goes where (docs/storage.md has the table):
 
-- ``GGMLLinear`` (the ``gguf_q4_0`` / ``gguf_q4_1`` / ``gguf_q8_0`` recipes, ``lowbit.load_gguf``): its block
+- ``GGMLLinear`` (the ``gguf_*`` recipes: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; ``lowbit.load_gguf``): its block
   bytes as they are; a simulated ``QuantLinear`` whose only format is a gguf_* weight: the same codes.
 - ``Int4WeightOnlyLinear`` with group 32: Q4_0 where every zero point is 8 and the scales are float16 values,
   else Q4_1 (d = scale, m = -zero_point * scale) where float16 holds d and m exactly; ``Int8WeightOnlyLinear``:
@@ -34,7 +34,8 @@ from lowbit.errors import ConfigError, FormatError
 from lowbit.export.gguf_names import _gguf, architecture_enum, file_rows
 
 ARCHITECTURES = {"llama": "llama"}  # Hugging Face model_type -> GGUF architecture
-FIT = ("quantize it with 'gguf_q4_0' / 'gguf_q4_1' (4-bit) or 'gguf_q8_0' (8-bit) (lowbit.quantize_(model, ...)), "
+FIT = ("quantize it with 'gguf_q4_0' / 'gguf_q4_1' / 'gguf_q4_k' (4-bit), 'gguf_q5_0', 'gguf_q6_k' or 'gguf_q8_0' "
+       "(8-bit) (lowbit.quantize_(model, ...)), "
        "or int4_weight_only with group_size=32 and scale_dtype='f16'")  # fmt: skip
 
 
@@ -259,5 +260,6 @@ def _file_type(gguf, types: dict[str, str]) -> int:
         if name.endswith(".weight") and name.startswith("blk."):
             counts[kind] = counts.get(kind, 0) + 1
     main = max(counts, key=counts.get) if counts else "F32"
-    table = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1", "Q8_0": "MOSTLY_Q8_0"}
+    table = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1", "Q5_0": "MOSTLY_Q5_0",
+             "Q8_0": "MOSTLY_Q8_0", "Q4_K": "MOSTLY_Q4_K_S", "Q6_K": "MOSTLY_Q6_K"}  # fmt: skip
     return int(gguf.LlamaFileType[table[main]])

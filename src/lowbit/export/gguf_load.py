@@ -2,11 +2,11 @@
 layers hold the file's own ggml codes.
 
 transformers reads the file (config, tokenizer, every tensor dequantized to float32 by ``gguf.quants``);
-then each Linear whose tensor in the file is Q4_0 / Q4_1 / Q8_0 becomes a :class:`~lowbit.ops.GGMLLinear`
+then each Linear whose tensor in the file is Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K becomes a :class:`~lowbit.ops.GGMLLinear`
 built from the file's block bytes (read with ``gguf.GGUFReader``, rows put in transformers' order: see
 ``gguf_names``), so its ``dequantize_weight()`` is bit for bit the float32 weight transformers made. A tied
 ``lm_head`` (no ``output.weight`` in the file) takes the token embedding's blocks. Linear layers stored in
-another type (K-quants, IQ types, ...) stay the float32 weights transformers dequantized, with a warning
+another type (Q2_K, Q3_K, Q5_K, IQ types, ...) stay the float32 weights transformers dequantized, with a warning
 naming them; float tensors (F32 / F16 / BF16) stay float.
 """
 
@@ -24,7 +24,7 @@ from lowbit._model import replace_module
 from lowbit.errors import ConfigError, FormatError
 from lowbit.export.gguf_names import PERMUTED_ARCHITECTURES, linear_tensor_names, model_rows
 
-HELD_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+HELD_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 
 
@@ -99,7 +99,7 @@ def _ggml_linear(module: nn.Module, tensor, kind: str, architecture: str, config
 
 def module_from_tensor(tensor, shape: tuple[int, int], architecture: str, config: Any, bias: torch.Tensor | None = None,
                        compute_dtype: str | None = None):  # fmt: skip
-    """The GGMLLinear of a GGUF reader's Q4_0 / Q4_1 / Q8_0 tensor for a [out, in] Hugging Face weight (rows in
+    """The GGMLLinear of a GGUF reader's tensor of a held type for a [out, in] Hugging Face weight (rows in
     transformers' order)."""
     from lowbit.ops.ggml import from_block_bytes
 

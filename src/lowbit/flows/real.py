@@ -188,13 +188,24 @@ def _hqq_module(module: nn.Linear, recipe: Int4WeightOnly) -> nn.Module:
                                            compute_dtype=recipe.compute_dtype)  # fmt: skip
 
 
+# llama.cpp's type for a K-quant tensor whose rows are not whole super-blocks of 256 (its quantize tool's rule)
+GGUF_FALLBACK = {"q4_k": "q5_0", "q6_k": "q8_0"}
+
+
 def _gguf_weight_only(root, targets, recipe: GGUFWeightOnly):
+    block = 256 if recipe.ggml_type in GGUF_FALLBACK else 32
+    fallback = {}
     for name, module in targets.items():
-        if module.in_features % 32:
-            raise ConfigError(f"{name}: in_features={module.in_features} is not a multiple of 32 (ggml's block); "
-                              f"skip it (skip=[{name!r}])")  # fmt: skip
-    formats = recipe_formats(recipe)  # the simulated gguf_* weight's own codes, one rounding rule
-    return lambda name, module: linear_from_formats(module, formats, compute_dtype=recipe.compute_dtype)
+        if module.in_features % block and module.in_features % 32 == 0 and recipe.ggml_type in GGUF_FALLBACK:
+            fallback[name] = GGUF_FALLBACK[recipe.ggml_type]
+        elif module.in_features % block:
+            raise ConfigError(f"{name}: in_features={module.in_features} is not a multiple of {block} "
+                              f"({recipe.ggml_type.upper()}'s block); skip it (skip=[{name!r}])")  # fmt: skip
+    formats = {recipe.ggml_type: recipe_formats(recipe)}  # the simulated gguf_* weight's own codes
+    formats.update({kind: RoleFormats(weight=resolve(f"gguf_{kind}")) for kind in set(fallback.values())})
+    return _with_info(lambda name, module: linear_from_formats(module, formats[fallback.get(name, recipe.ggml_type)],
+                                                               compute_dtype=recipe.compute_dtype),
+                      {"gguf_fallback": fallback} if fallback else {})  # fmt: skip
 
 
 def _w8a8_static(root, targets, recipe: W8A8Static):

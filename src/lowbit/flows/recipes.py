@@ -152,7 +152,8 @@ class Int4WeightOnly(Recipe):
 @dataclasses.dataclass
 class GGUFWeightOnly(Recipe):
     """Real weight-only llama.cpp block codes (``lowbit.formats.ggml``: ggml's reference rounding, blocks of 32
-    inputs, float16 fields); the recipe name picks the type. ``compute_dtype`` None = the input's dtype."""
+    inputs, float16 fields; ``lowbit.formats.ggml_k``: the K-quants' super-blocks of 256); the recipe name
+    picks the type. ``compute_dtype`` None = the input's dtype."""
 
     name: ClassVar[str] = ""
     ggml_type: ClassVar[str] = ""
@@ -184,6 +185,33 @@ class GGUFQ8_0(GGUFWeightOnly):
 
     name: ClassVar[str] = "gguf_q8_0"
     ggml_type: ClassVar[str] = "q8_0"
+
+
+@dataclasses.dataclass
+class GGUFQ5_0(GGUFWeightOnly):
+    """llama.cpp Q5_0: d * (q - 16) with 5-bit q, one float16 d per 32 weights (5.5 bits per weight)."""
+
+    name: ClassVar[str] = "gguf_q5_0"
+    ggml_type: ClassVar[str] = "q5_0"
+
+
+@dataclasses.dataclass
+class GGUFQ4_K(GGUFWeightOnly):
+    """llama.cpp Q4_K: super-blocks of 256, 6-bit scales and minima per 32 (4.5 bits per weight; lowbit's
+    min-max rule, see ``lowbit.formats.ggml_k``). A layer whose inputs are not a multiple of 256 takes Q5_0,
+    llama.cpp's own choice for such rows (``quantize_`` info ``gguf_fallback`` lists them)."""
+
+    name: ClassVar[str] = "gguf_q4_k"
+    ggml_type: ClassVar[str] = "q4_k"
+
+
+@dataclasses.dataclass
+class GGUFQ6_K(GGUFWeightOnly):
+    """llama.cpp Q6_K: super-blocks of 256, int8 scales per 16, 6-bit codes (6.5625 bits per weight). A layer
+    whose inputs are not a multiple of 256 takes Q8_0, as llama.cpp does (info ``gguf_fallback``)."""
+
+    name: ClassVar[str] = "gguf_q6_k"
+    ggml_type: ClassVar[str] = "q6_k"
 
 
 @dataclasses.dataclass
@@ -363,10 +391,10 @@ class PassArgs(Recipe):
 
 
 RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in (Int8Dynamic, Int8WeightOnly, Int4WeightOnly, W8A8Static,
-                                                                GGUFQ4_0, GGUFQ4_1, GGUFQ8_0, FormatRecipe, KVCache,
-                                                                PassArgs, Rotate)}  # fmt: skip
+                                                                GGUFQ4_0, GGUFQ4_1, GGUFQ5_0, GGUFQ8_0, GGUFQ4_K,
+                                                                GGUFQ6_K, FormatRecipe, KVCache, PassArgs, Rotate)}  # fmt: skip
 REAL_RECIPES = ("int8_dynamic", "int8_weight_only", "int4_weight_only", "w8a8_static", "gguf_q4_0", "gguf_q4_1",
-                "gguf_q8_0")  # the gguf_* names are also formats: as a recipe they mean the real GGMLLinear
+                "gguf_q5_0", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k")  # the gguf_* names are also formats: as a recipe they mean the real GGMLLinear
 
 
 def make_recipe(config: Any, **options: Any) -> Recipe:

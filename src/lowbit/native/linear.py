@@ -14,8 +14,8 @@ from lowbit.native.kernels import I64, INT, POINTER, function, threads
 _ARGUMENTS = [POINTER, POINTER, POINTER, POINTER, POINTER, I64, I64, I64, INT]
 _INT4_ARGUMENTS = [POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I64, I64, I64, I64, INT]
 _WEIGHT_ARGUMENTS = [POINTER] * 7 + [I64, I64, I64, I64, INT, INT]
-# csrc/linear.h's enum lb_weight_kind for ggml's types with a kind of their own (Q4_0 is int4_linear's zero 8)
-GGML_KINDS = {"q4_1": 2, "q8_0": 3}
+# csrc/linear.h's enum lb_weight_kind, by name
+KINDS = {"int8_channel": 0, "int4_zero": 1, "int4_min": 2, "int8_group": 3}
 
 
 def _fits(tensors: list[tuple[torch.Tensor, torch.dtype, int]]) -> bool:
@@ -69,20 +69,20 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, zero_point: torch.Tensor,
 
 
 def ggml_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None,
-                bias: torch.Tensor | None, ggml_type: str, block: int = 32) -> torch.Tensor | None:  # fmt: skip
-    """x [M, K] float32 against ggml block codes: Q4_1 packed nibbles [N, K / 2] uint8 (lowbit's order, low
-    first) or Q8_0 int8 [N, K]; ``scale`` (d) and, for Q4_1, ``minimum`` (m) float32 [N, K / block]. Each
-    weight is ggml's float32 value (Q4_1 q * d + m, Q8_0 q * d; Q4_0 is :func:`int4_linear` with zero point
-    8); None where the kernel does not apply."""
+                bias: torch.Tensor | None, kind: str, group: int = 32) -> torch.Tensor | None:  # fmt: skip
+    """x [M, K] float32 against per-group weight codes (the ggml types' kernels): ``kind`` "int4_min" (packed
+    nibbles [N, K / 2] uint8, lowbit's order, low first; weight code * scale + minimum, the product rounded
+    first: Q4_1, Q4_K) or "int8_group" (int8 codes [N, K]; weight code * scale: Q8_0, Q5_0, Q6_K); ``scale``
+    and (int4_min) ``minimum`` float32 [N, K / group]. None where the kernel does not apply."""
     entry = function("lb_weight_linear_f32", _WEIGHT_ARGUMENTS, INT)
-    if entry is None or ggml_type not in GGML_KINDS or x.dim() != 2 or codes.dim() != 2:
+    if entry is None or kind not in ("int4_min", "int8_group") or x.dim() != 2 or codes.dim() != 2:
         return None
     rows, inner = x.shape
     columns = codes.shape[0]
-    if rows == 0 or columns == 0 or inner == 0 or inner % block or (ggml_type == "q4_1") != (minimum is not None):
+    packed = kind == "int4_min"
+    if rows == 0 or columns == 0 or inner == 0 or group < 2 or inner % group or packed != (minimum is not None):
         return None
-    groups = columns * (inner // block)
-    packed = ggml_type == "q4_1"
+    groups = columns * (inner // group)
     tensors = [(x, torch.float32, rows * inner), (scale, torch.float32, groups),
                (codes, torch.uint8 if packed else torch.int8, columns * inner // (2 if packed else 1))]  # fmt: skip
     if minimum is not None:
@@ -94,12 +94,10 @@ def ggml_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, minim
     out = torch.empty(rows, columns)
     pointer = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
     status = entry(x.data_ptr(), codes.data_ptr(), 0, scale.data_ptr(), pointer(minimum), pointer(bias),
-                   out.data_ptr(), rows, inner, columns, block, GGML_KINDS[ggml_type], threads())  # fmt: skip
+                   out.data_ptr(), rows, inner, columns, group, KINDS[kind], threads())  # fmt: skip
     return out if status == 0 else None
 
 
-# csrc/linear.h's enum lb_weight_kind, by name
-KINDS = {"int8_channel": 0, "int4_zero": 1, "int4_min": 2, "int8_group": 3}
 _ROWS_ARGUMENTS = [POINTER] * 5 + [I64, I64, I64, INT, INT]
 
 

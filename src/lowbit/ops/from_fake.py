@@ -46,7 +46,7 @@ def _weight_kind(spec) -> tuple[str | None, str]:
         if len(block) == 2 and block[0] == 1 and block[1] > 1:
             return "int4", str(block[1])
     return None, (f"weight {spec.describe() if spec is not None else 'float'} has no kernel "
-                  "(kernels: affine 8-bit symmetric axis=0, affine 4-bit block_size [1, g], gguf_q4_0 / q4_1 / q8_0; "
+                  "(kernels: affine 8-bit symmetric axis=0, affine 4-bit block_size [1, g], every gguf_* type; "
                   f"packed codes rebuilt per call: {' / '.join(PACKED_WEIGHT_FORMATS)})")
 
 
@@ -91,8 +91,9 @@ def convert_quant_linear(module, compute_dtype: str | None = None) -> tuple[nn.M
     if weight == "gguf":
         if data != "none":
             return None, "ggml block weights run weight-only (data_in must have no format)"
-        if module.in_features % 32:
-            return None, f"in_features={module.in_features} is not a multiple of ggml's block of 32"
+        block = 256 if detail in ("q4_k", "q6_k") else 32
+        if module.in_features % block:
+            return None, f"in_features={module.in_features} is not a multiple of {detail.upper()}'s block of {block}"
         return GGMLLinear.from_float(module, detail, compute_dtype), ""
     if weight == "int4":
         if data != "none":
