@@ -101,6 +101,40 @@ def test_load_gguf_gives_back_the_same_modules_and_logits(exported):
         assert torch.equal(loaded(ids).logits, model(ids).logits)
 
 
+def test_k_quants_and_q5_0_both_ways(tmp_path):
+    """Q4_K / Q6_K / Q5_0 layers (a Llama wide enough for super-blocks of 256) through export_gguf: the gguf
+    package's reader and dequantizer give every weight bit for bit; load_gguf gives back the same buffers and
+    logits."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+    lowbit.quantize_(model, "gguf_q4_k", skip=[r".*mlp.*", "lm_head"])
+    lowbit.quantize_(model, "gguf_q6_k", skip=[r".*self_attn.*", r".*up_proj", "lm_head"])
+    lowbit.quantize_(model, "gguf_q5_0", skip=[r".*self_attn.*", r".*(gate|down)_proj"])
+    written = lowbit.export_gguf(model, tmp_path / "k.gguf")
+    assert written["blk.0.attn_q.weight"] == "Q4_K" and written["blk.0.ffn_down.weight"] == "Q6_K"
+    assert written["blk.0.ffn_up.weight"] == "Q5_0" and written["output.weight"] == "Q5_0"
+    modules = dict(model.named_modules())
+    for tensor in gguf.GGUFReader(str(tmp_path / "k.gguf")).tensors:
+        if not tensor.name.startswith("blk.0.") or tensor.tensor_type.name not in ("Q4_K", "Q6_K", "Q5_0"):
+            continue
+        values = dequantize(tensor.data, tensor.tensor_type).reshape(tensor.data.shape[0], -1)
+        hf_name = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                   "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                   "ffn_down": "mlp.down_proj"}[tensor.name.split(".")[2]]  # fmt: skip
+        expected = modules[f"model.layers.0.{hf_name}"].dequantize_weight().numpy()
+        assert np.array_equal(_hf_order(tensor.name, values, config).view(np.uint32), expected.view(np.uint32))
+    _, loaded = lowbit.load_gguf(tmp_path / "k.gguf")
+    for name, module in loaded.named_modules():
+        if isinstance(module, GGMLLinear):
+            for key, value in module.state_dict().items():
+                assert torch.equal(value, modules[name].state_dict()[key]), (name, key)
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
 def test_tied_lm_head_writes_no_output_tensor(tmp_path):
     model = _tiny_llama(tied=True)
     lowbit.quantize_(model, "gguf_q8_0", skip=["lm_head"])
