@@ -67,16 +67,30 @@ def export_gguf(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None
 
 
 def _write_vocabulary(writer, tokenizer: Any, tokenizer_pre: str) -> None:
-    """A byte-level BPE (GPT-2 style) tokenizer's vocabulary as llama.cpp's converter writes it: tokens by id,
-    their types (control for special added tokens), merges, special ids and the chat template."""
+    """A Hugging Face fast tokenizer's vocabulary as llama.cpp's converter writes it: a byte-level BPE (GPT-2
+    style: Llama 3, SmolLM2, Qwen) as tokenizer model "gpt2" with tokens by id, their types (control for special
+    added tokens) and merges; a byte-fallback BPE (SentencePiece-converted: Llama 2, Mistral, TinyLlama) as
+    model "llama" with the gguf package's own ``LlamaHfVocab`` tokens, scores and types (the converter's
+    ``_set_vocab_llama_hf``), merges kept for readers that rebuild the BPE; then special ids and the chat
+    template (``SpecialVocab``). Other tokenizers: ConfigError."""
     import tempfile
 
     gguf = _gguf()
     backend = getattr(tokenizer, "backend_tokenizer", None)
     model_kind = type(backend.model).__name__ if backend is not None else type(tokenizer).__name__
     if model_kind != "BPE":
-        raise ConfigError(f"export_gguf writes byte-level BPE tokenizers only; this one is {model_kind} "
-                          "(export without tokenizer=)")  # fmt: skip
+        raise ConfigError(f"export_gguf writes BPE tokenizers (byte-level or byte-fallback) only; this one is "
+                          f"{model_kind} (export without tokenizer=)")  # fmt: skip
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        if getattr(backend.model, "byte_fallback", False):
+            size = _write_llama_vocabulary(writer, gguf, Path(folder))
+        else:
+            size = _write_byte_level_vocabulary(writer, gguf, tokenizer, tokenizer_pre)
+        gguf.SpecialVocab(folder, load_merges=True, n_vocab=size).add_to_gguf(writer)
+
+
+def _write_byte_level_vocabulary(writer, gguf, tokenizer: Any, tokenizer_pre: str) -> int:
     vocabulary = tokenizer.get_vocab()
     size = max(vocabulary.values()) + 1
     by_id = {index: token for token, index in vocabulary.items()}
@@ -89,9 +103,22 @@ def _write_vocabulary(writer, tokenizer: Any, tokenizer_pre: str) -> None:
     writer.add_tokenizer_pre(tokenizer_pre)
     writer.add_token_list(tokens)
     writer.add_token_types(kinds)
-    with tempfile.TemporaryDirectory() as folder:
-        tokenizer.save_pretrained(folder)
-        gguf.SpecialVocab(folder, load_merges=True, n_vocab=size).add_to_gguf(writer)
+    return size
+
+
+def _write_llama_vocabulary(writer, gguf, folder: Path) -> int:
+    try:
+        vocabulary = gguf.LlamaHfVocab(folder)
+    except (FileNotFoundError, TypeError) as error:
+        raise ConfigError(f"export_gguf: this byte-fallback tokenizer is not a SentencePiece-style Llama one "
+                          f"({error}); export without tokenizer=") from None  # fmt: skip
+    tokens, scores, kinds = zip(*vocabulary.all_tokens())
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(list(tokens))
+    writer.add_token_scores(list(scores))
+    writer.add_token_types(list(kinds))
+    return len(tokens)
 
 
 def _float_type(array: np.ndarray) -> str:
