@@ -140,12 +140,12 @@ def _known_not_idempotent(spec, x: torch.Tensor) -> bool:
     and formats with values past x's dtype's range (they saturate at its max, off their own grid); and
     the two owners' recipes docs/formats.md names (nvfp4, e4m3 with scale_rule="amax"), which re-derive their
     scale from the quantized maximum and are idempotent only to a few float32 ulps (tests/formats/test_nvfp4.py
-    checks them against their owners' arithmetic instead); and llama.cpp's K-quants, whose rounded sub-block
-    scales can leave a sub-block's top code unused, so its output derives a smaller scale."""
+    checks them against their owners' arithmetic instead); and llama.cpp's Q4_K, whose sub-block minimum is
+    rounded to the super-block's dmin step: a sub-block narrower than that step can leave code 0 unused."""
     if spec.format_name == "nvfp4" or getattr(spec, "scale_rule", None) == "amax":
         return True
-    if spec.format_name in ("gguf_q4_k", "gguf_q6_k"):
-        return True  # the K-quants re-derive their 6- / 8-bit sub-block scales (lowbit.formats.ggml_k)
+    if spec.format_name == "gguf_q4_k":
+        return True  # a sub-block narrower than the dmin step re-derives its minimum (lowbit.formats.ggml_k)
     if _largest_value(spec) > torch.finfo(x.dtype).max:
         return True  # values past x's dtype: the top saturates to its max, off the format's grid
     finite = x[torch.isfinite(x)].abs()
@@ -212,12 +212,10 @@ GAPS = {  # one concrete input per documented non-idempotent case excluded above
          0.09529253095388412]),
     "MX shared scale near float32's max": ({"name": "mxfp8_e4m3", "block_size": 1, "scale_rule": "even"}, [3.4e38]),
     "ternary with a fixed threshold at its own value": ({"name": "ternary", "threshold": 1.0}, [1.5, -2.0]),
-    "Q4_K sub-block scales re-derived": ({"name": "gguf_q4_k"}, [
-        5, -5, 7, -5, 8, -2, -8, -9, -3, -3, -6, 9, -7, -2, 2, 7, -5, -5, 4, -2, 3, -7, -5, -8, 4, -8, 6, 5, -4, 4, 6,
-        -9, 1, -2, 0, 1, -1, 0, -2, 1, -2, 0, 0, -1, -1, 0, -1, 1, -2, 0, -1, 0, -2, 0, -1, 0, 0, 0, 1, 0, 1, -1, -1, 0]),
-    "Q6_K sub-block scales re-derived": ({"name": "gguf_q6_k"}, [
-        -65, 53, 65, -73, 74, 13, 42, 50, 45, 89, 94, -82, -90, 85, -95, -25, 13, 5, -4, 7, 4, 8, -2, 5, 7, -13, -6,
-        13, -7, 1, 6, 13]),
+    "Q4_K sub-block minimum re-derived": ({"name": "gguf_q4_k"}, [  # the second sub-block: narrow, far below 0
+        20, -14, 15, -22, -15, -15, 5, -70, -67, 38, 84, 25, 2, -87, -42, -39, 79, 13, 29, -10, 67, 17, -31, 11, 86,
+        63, -1, 59, 35, -91, -5, -71, -39, -53, -58, -51, -44, -55, -51, -42, -58, -42, -48, -53, -46, -60, -55, -43,
+        -48, -45, -48, -44, -49, -60, -49, -58, -45, -58, -50, -47, -49, -50, -39, -40]),
 }
 
 

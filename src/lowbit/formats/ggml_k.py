@@ -19,20 +19,25 @@ scales by weighted least squares; no package ships that code to check against, s
 reproduce it; what it does claim is that every value it produces is exactly the value a GGUF file holding its
 fields decodes to):
 
-- Q4_K, per sub-block: ``low = min(min x, 0)``, ``high = max x``; wanted scale ``(high - low) / 15`` and
-  minimum ``-low``. ``d = max wanted scale / 63``, ``dmin = max wanted minimum / 63`` (float16, saturated
-  at +-65504); ``sc = round(wanted scale / d)``, ``m = round(wanted minimum / dmin)`` clamped to 0..63;
+- Q4_K, per sub-block: ``low = min(min x, 0)``, ``high = max x``. ``dmin = max(-low) / 63`` (float16,
+  saturated at 65504), ``m = round(-low / dmin)`` clamped to 0..63; then the wanted scale covers what the
+  stored minimum holds, ``(high + dmin * m) / 15`` (at least 0); ``d = max wanted scale / 63``,
+  ``sc = round(wanted scale / d)`` clamped to 0..63, then ``sc - 1`` where ``sc`` rounded up so far that
+  ``high`` would not take code 15;
   ``q = round((x + dmin * m) / (d * sc))`` clamped to 0..15.
 - Q6_K, per sub-block: ``p`` = the element of largest |x| (the first of ties), wanted scale ``p / -32`` (so
   the peak takes code -32, as ggml does); the super-block's wanted scale of largest magnitude ``t`` gives
-  ``d = t / -128``; ``sc = round(wanted scale / d)`` clamped to -128..127; ``q = round(x / (d * sc))``
-  clamped to -32..31.
+  ``d = t / -128``; ``sc = round(wanted scale / d)`` clamped to -128..127, then one step toward 0 where the
+  peak would not take code -32; ``q = round(x / (d * sc))`` clamped to -32..31.
+
+Keeping each sub-block's extreme code in use makes the rule settle: a sub-block's output re-derives its own
+``sc`` (the re-derived wanted scale is ``d * sc`` up to float32 noise, which the integer rounding absorbs).
 
 "round" is to nearest, ties to even, of ``v * (1 / divisor)`` (0 where the divisor is 0, as ggml's legacy
 types). Statistics use finite elements only; NaN stays NaN; +-inf saturate to the extreme codes. A partial
-last super-block is padded with copies of the last element. Not idempotent in general: the 6-bit sub-block
-scales are re-derived from the output, and a sub-block whose rounded scale left its top code unused derives
-a smaller one (tests/formats/test_properties.py lists the gap with an example).
+last super-block is padded with copies of the last element. Not idempotent in every case: a Q4_K sub-block
+whose range is small against the super-block's ``dmin`` step can leave code 0 unused (its minimum is
+rounded to that step); tests/formats/test_properties.py lists the gap with an example.
 """
 
 from __future__ import annotations
@@ -89,14 +94,16 @@ def _q4_k(blocks: torch.Tensor) -> KFields:
     low = torch.where(finite, sub, math.inf).amin(-1)
     empty = torch.isinf(high) & (high < 0)  # no finite element
     high, low = high.masked_fill(empty, 0.0), low.masked_fill(empty, 0.0).clamp(max=0.0)
-    wanted_scale = (high - low) / 15.0
-    wanted_scale = torch.where(torch.isinf(wanted_scale), high / 15.0 - low / 15.0, wanted_scale)
-    wanted_min = -low
-    d, dmin = _half(wanted_scale.amax(-1, keepdim=True) / 63.0), _half(wanted_min.amax(-1, keepdim=True) / 63.0)
+    dmin = _half((-low).amax(-1, keepdim=True) / 63.0)
+    sub_min = _rounded(-low, dmin.float().unsqueeze(-1), SUB_SCALE_RANGES["q4_k"])
+    minimum = _sub_fields(dmin, sub_min)  # the low end the stored fields hold
+    wanted_scale = (high + minimum) / 15.0
+    wanted_scale = torch.where(torch.isinf(wanted_scale), high / 15.0 + minimum / 15.0, wanted_scale).clamp(min=0.0)
+    d = _half(wanted_scale.amax(-1, keepdim=True) / 63.0)
     sub_scale = _rounded(wanted_scale, d.float().unsqueeze(-1), SUB_SCALE_RANGES["q4_k"])
-    sub_min = _rounded(wanted_min, dmin.float().unsqueeze(-1), SUB_SCALE_RANGES["q4_k"])
-    scale, minimum = _sub_fields(d, sub_scale), _sub_fields(dmin, sub_min)
-    codes = _rounded(sub + minimum.unsqueeze(-1), scale.unsqueeze(-1), CODE_RANGES["q4_k"])
+    top = _rounded(high + minimum, _sub_fields(d, sub_scale), CODE_RANGES["q4_k"])
+    sub_scale = torch.where((top < 15) & (sub_scale > 0), sub_scale - 1, sub_scale)  # keep the top code in use
+    codes = _rounded(sub + minimum.unsqueeze(-1), _sub_fields(d, sub_scale).unsqueeze(-1), CODE_RANGES["q4_k"])
     return KFields(codes.reshape(blocks.shape), d, dmin, sub_scale, sub_min)
 
 
@@ -108,6 +115,9 @@ def _q6_k(blocks: torch.Tensor) -> KFields:
     top = wanted_scale.gather(-1, wanted_scale.abs().argmax(-1, keepdim=True))
     d = _half(top / -128.0)
     sub_scale = _rounded(wanted_scale, d.float().unsqueeze(-1), SUB_SCALE_RANGES["q6_k"])
+    peak_code = _rounded(peak, _sub_fields(d, sub_scale), CODE_RANGES["q6_k"])
+    smaller = sub_scale - torch.sign(sub_scale)  # one step toward zero: the peak keeps code -32
+    sub_scale = torch.where(peak_code > -32, smaller, sub_scale)
     codes = _rounded(sub, _sub_fields(d, sub_scale).unsqueeze(-1), CODE_RANGES["q6_k"])
     return KFields(codes.reshape(blocks.shape), d, None, sub_scale, None)
 
