@@ -58,6 +58,9 @@ def variants(calibration: list[torch.Tensor], gptq: bool) -> dict[str, tuple[str
             ("int4_weight_only", {"group_size": 32, "search": False}),
         "gguf_q4_1 (ggml's Q4_1: the shipped weights' own grid)": ("gguf_q4_1", {}),
         "gguf_q8_0": ("gguf_q8_0", {}),
+        "gguf_q5_0": ("gguf_q5_0", {}),
+        "gguf_q4_k (Q5_0 where inputs are not whole 256s)": ("gguf_q4_k", {}),
+        "gguf_q6_k (Q8_0 where inputs are not whole 256s)": ("gguf_q6_k", {}),
     }  # fmt: skip
     if gptq:
         rows["int4_weight_only g64 GPTQ"] = ("int4_weight_only", {"group_size": 64, "method": "gptq",

@@ -67,7 +67,10 @@ _case("codebook-symmetric", "codebook", {"values": [-3.0, -1.0, -0.25, 0.25, 1.0
 _case("codebook-scaled", "codebook", {"values": [-1.0, -0.5, 0.0, 0.25, 1.0], "block_size": [1, 32]})
 _case("e4m3-tile-amax", "e4m3", {"block_size": [128, 128], "scale_rule": "amax"}, "sign_symmetric", "scale_recomputed")
 # ---- issue 46: llama.cpp's block types ----------------------------------------------------------------------
-for _name in ("gguf_q4_0", "gguf_q4_1", "gguf_q5_0", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k"):
+for _name in ("gguf_q4_0", "gguf_q4_1", "gguf_q5_0", "gguf_q8_0"):
     _case(_name, _name, {})
+for _name in ("gguf_q4_k", "gguf_q6_k"):  # the default least-squares search re-fits its own output
+    _case(_name, _name, {}, "searched")
+    _case(f"{_name}-min-max", _name, {"search": False})
 
 CASE_IDS = [case[0] for case in CASES]

@@ -87,6 +87,9 @@ def test_idempotent(name, params, traits, x):
 
 def assert_requantized(spec: lowbit.FormatSpec, once: torch.Tensor, traits) -> None:
     """q(q(x)) == q(x) bit for bit; asymmetric min-max formats may move a value by one step at most."""
+    if "searched" in traits:  # a least-squares search re-fits its own output: no fixed point is claimed
+        assert torch.equal(torch.isfinite(spec(once)), torch.isfinite(once))  # (search=False cases carry it)
+        return
     if "scale_recomputed" in traits:  # a few ulps: the owner's rule re-derives the scale from the maximum
         again = spec(once)
         assert torch.all((again - once).abs() <= once.abs() * 2.0**-20), (once, again)

@@ -45,13 +45,14 @@ def _fields_dict(ggml_type: str, fields: KFields, rows: int) -> dict[str, np.nda
 
 @pytest.mark.parametrize("ggml_type", list(TYPES))
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_values_are_what_gguf_reads_from_the_bytes(ggml_type, seed):
+@pytest.mark.parametrize("search", [True, False])
+def test_values_are_what_gguf_reads_from_the_bytes(ggml_type, seed, search):
     x = _awkward(seed=seed)
-    fields = k_fields(ggml_type, to_blocks(x, SUPER_BLOCK))
+    fields = k_fields(ggml_type, to_blocks(x, SUPER_BLOCK), search)
     data = _ggml_bytes.pack(ggml_type, _fields_dict(ggml_type, fields, x.shape[0]))
     assert data.shape == (x.shape[0], 2 * _ggml_bytes.LAYOUTS[ggml_type][1])
     expected = dequantize(data, TYPES[ggml_type])
-    got = lowbit.quantize(x, f"gguf_{ggml_type}").numpy()
+    got = lowbit.quantize(x, f"gguf_{ggml_type}", search=search).numpy()
     assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))  # signs of zero included
 
 
@@ -90,7 +91,7 @@ def test_q6_k_peak_takes_code_minus_32_and_the_top_scale_minus_128():
     x = torch.zeros(256)
     x[:16] = torch.linspace(-1.0, 2.0, 16)  # the peak is +2: scale 2 / -32, code -32
     x[16:32] = 0.5
-    fields = k_fields("q6_k", to_blocks(x, SUPER_BLOCK))
+    fields = k_fields("q6_k", to_blocks(x, SUPER_BLOCK), search=False)
     assert fields.codes[0, 15] == -32 and fields.sub_scale[0, 0] == -128
     assert fields.d.item() == pytest.approx((2.0 / -32) / -128, rel=1e-3)
     values = k_values("q6_k", fields)[0]
@@ -102,7 +103,7 @@ def test_q4_k_positive_sub_block_has_no_minimum_and_the_widest_takes_63():
     x = torch.zeros(256)
     x[:32] = torch.linspace(1.0, 4.0, 32)  # positive: low clamps to 0, minimum code 0
     x[32:64] = torch.linspace(-8.0, 7.0, 32)  # the widest range: scale code 63, minimum code 63
-    fields = k_fields("q4_k", to_blocks(x, SUPER_BLOCK))
+    fields = k_fields("q4_k", to_blocks(x, SUPER_BLOCK), search=False)
     assert fields.sub_min[0, 0] == 0 and fields.sub_scale[0, 1] == 63 and fields.sub_min[0, 1] == 63
     values = k_values("q4_k", fields)[0]
     assert values[32] == pytest.approx(-8.0, rel=1e-3) and values[63] == pytest.approx(7.0, rel=1e-3)
@@ -130,6 +131,16 @@ def test_partial_super_block_and_bits_per_element():
     assert lowbit.get_format("gguf_q4_k")().bits_per_element() == 4.5
     assert lowbit.get_format("gguf_q6_k")().bits_per_element() == 6.5625
     assert lowbit.get_format("gguf_q4_k")().bits_per_element((4, 512)) == 4.5
+
+
+@pytest.mark.parametrize("ggml_type", list(TYPES))
+def test_search_lowers_the_error_of_min_max(ggml_type):
+    """The least-squares search (the default) against the min-max rule on Gaussian and heavy-tailed rows."""
+    gen = torch.Generator().manual_seed(0)
+    for x in (torch.randn(16, 1024, generator=gen), torch.randn(16, 1024, generator=gen) ** 3):
+        error = {search: float((lowbit.quantize(x, f"gguf_{ggml_type}", search=search) - x).square().sum())
+                 for search in (True, False)}  # fmt: skip
+        assert error[True] < 0.97 * error[False], error
 
 
 def test_only_nearest_even_is_accepted():

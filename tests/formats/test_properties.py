@@ -100,8 +100,10 @@ PARAMETER_SPACES["nvfp4"] = st.fixed_dictionaries({})
 PARAMETER_SPACES["nf4"] = st.fixed_dictionaries({}, optional={"block_size": st.sampled_from([8, 16, 64])})
 PARAMETER_SPACES["codebook"] = st.fixed_dictionaries({"values": st.sampled_from([
     [-3.0, -1.0, -0.25, 0.25, 1.0, 3.0], [0.0, 0.5, 2.0], [-1.0, -0.5, 0.0, 0.25, 1.0]])})  # fmt: skip
-for _name in ("gguf_q4_0", "gguf_q4_1", "gguf_q5_0", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k"):
+for _name in ("gguf_q4_0", "gguf_q4_1", "gguf_q5_0", "gguf_q8_0"):
     PARAMETER_SPACES[_name] = st.fixed_dictionaries({})
+for _name in ("gguf_q4_k", "gguf_q6_k"):
+    PARAMETER_SPACES[_name] = st.fixed_dictionaries({}, optional={"search": st.booleans()})
 
 
 def test_every_registered_class_has_a_parameter_space():
@@ -141,11 +143,12 @@ def _known_not_idempotent(spec, x: torch.Tensor) -> bool:
     the two owners' recipes docs/formats.md names (nvfp4, e4m3 with scale_rule="amax"), which re-derive their
     scale from the quantized maximum and are idempotent only to a few float32 ulps (tests/formats/test_nvfp4.py
     checks them against their owners' arithmetic instead); and llama.cpp's Q4_K, whose sub-block minimum is
-    rounded to the super-block's dmin step: a sub-block narrower than that step can leave code 0 unused."""
+    rounded to the super-block's dmin step: a sub-block narrower than that step can leave code 0 unused, and
+    the K-quants' default least-squares search, which re-fits its own output."""
     if spec.format_name == "nvfp4" or getattr(spec, "scale_rule", None) == "amax":
         return True
-    if spec.format_name == "gguf_q4_k":
-        return True  # a sub-block narrower than the dmin step re-derives its minimum (lowbit.formats.ggml_k)
+    if spec.format_name == "gguf_q4_k" or (spec.format_name == "gguf_q6_k" and spec.search):
+        return True  # Q4_K: a sub-block narrower than the dmin step re-derives its minimum; the search re-fits
     if _largest_value(spec) > torch.finfo(x.dtype).max:
         return True  # values past x's dtype: the top saturates to its max, off the format's grid
     finite = x[torch.isfinite(x)].abs()
@@ -212,7 +215,9 @@ GAPS = {  # one concrete input per documented non-idempotent case excluded above
          0.09529253095388412]),
     "MX shared scale near float32's max": ({"name": "mxfp8_e4m3", "block_size": 1, "scale_rule": "even"}, [3.4e38]),
     "ternary with a fixed threshold at its own value": ({"name": "ternary", "threshold": 1.0}, [1.5, -2.0]),
-    "Q4_K sub-block minimum re-derived": ({"name": "gguf_q4_k"}, [  # the second sub-block: narrow, far below 0
+    "Q6_K least-squares search re-fits its output": ({"name": "gguf_q6_k"}, [
+        49, -43, -13, 37, -45, -94, 5, 26, 33, 3, -27, -19, -8, -85, 92, 98]),
+    "Q4_K sub-block minimum re-derived": ({"name": "gguf_q4_k", "search": False}, [  # the second sub-block: narrow, far below 0
         20, -14, 15, -22, -15, -15, 5, -70, -67, 38, 84, 25, 2, -87, -42, -39, 79, 13, 29, -10, 67, 17, -31, 11, 86,
         63, -1, 59, 35, -91, -5, -71, -39, -53, -58, -51, -44, -55, -51, -42, -58, -42, -48, -53, -46, -60, -55, -43,
         -48, -45, -48, -44, -49, -60, -49, -58, -45, -58, -50, -47, -49, -50, -39, -40]),

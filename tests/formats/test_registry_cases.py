@@ -27,7 +27,7 @@ def test_every_case_names_a_registered_format():
 def test_every_case_builds_and_ids_are_unique():
     assert len(CASE_IDS) == len(set(CASE_IDS))
     known_traits = {"sign_symmetric", "deterministic", "scalar", "asymmetric_minmax", "nan_left_out",
-                    "scale_recomputed"}
+                    "scale_recomputed", "searched"}
     for case_id, name, params, traits in CASES:
         assert traits <= known_traits, (case_id, traits - known_traits)
         if name in lowbit.list_formats():

@@ -14,10 +14,13 @@ d and dmin are float16; ``d * sc`` and ``dmin * m`` are exact float32 products, 
 rounding of ``q * (d * sc)`` (then one subtraction for Q4_K): bit for bit what ``gguf.quants.dequantize``
 gives for the same bytes (``tests/formats/test_ggml_k.py``).
 
-**The rule that picks the fields is lowbit's** (ggml's ``quantize_row_q4_K_ref`` / ``q6_K_ref`` search
-scales by weighted least squares; no package ships that code to check against, so lowbit does not claim to
-reproduce it; what it does claim is that every value it produces is exactly the value a GGUF file holding its
-fields decodes to):
+**The rule that picks the fields is lowbit's** (ggml's ``quantize_row_q4_K_ref`` / ``q6_K_ref`` are not
+shipped by any package to check against, so lowbit does not claim to reproduce them; what it does claim is
+that every value it produces is exactly the value a GGUF file holding its fields decodes to). With
+``search=True`` (the default) each sub-block's wanted scale (and minimum) come from a weighted least-squares
+search over a fan of trial scales (:mod:`lowbit.formats._ggml_search`, the idea of ggml's
+``make_qkx2_quants`` / ``make_qx_quants``; relative MSE on N(0, 1) rows 16 % (Q4_K) and 11 % (Q6_K) below
+min-max); the super-block then rounds them as below, without the step-down. ``search=False``, min-max:
 
 - Q4_K, per sub-block: ``low = min(min x, 0)``, ``high = max x``. ``dmin = max(-low) / 63`` (float16,
   saturated at 65504), ``m = round(-low / dmin)`` clamped to 0..63; then the wanted scale covers what the
@@ -30,12 +33,13 @@ fields decodes to):
   ``d = t / -128``; ``sc = round(wanted scale / d)`` clamped to -128..127, then one step toward 0 where the
   peak would not take code -32; ``q = round(x / (d * sc))`` clamped to -32..31.
 
-Keeping each sub-block's extreme code in use makes the rule settle: a sub-block's output re-derives its own
-``sc`` (the re-derived wanted scale is ``d * sc`` up to float32 noise, which the integer rounding absorbs).
+Keeping each sub-block's extreme code in use makes the min-max rule settle: a sub-block's output re-derives
+its own ``sc`` (the re-derived wanted scale is ``d * sc`` up to float32 noise, which the integer rounding
+absorbs). The search re-fits its own output and claims no fixed point.
 
 "round" is to nearest, ties to even, of ``v * (1 / divisor)`` (0 where the divisor is 0, as ggml's legacy
 types). Statistics use finite elements only; NaN stays NaN; +-inf saturate to the extreme codes. A partial
-last super-block is padded with copies of the last element. Not idempotent in every case: a Q4_K sub-block
+last super-block is padded with copies of the last element. Min-max is not idempotent in every case: a Q4_K sub-block
 whose range is small against the super-block's ``dmin`` step can leave code 0 unused (its minimum is
 rounded to that step); tests/formats/test_properties.py lists the gap with an example.
 """
@@ -48,7 +52,8 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from lowbit.formats._base import FormatSpec
+from lowbit.formats._base import FormatSpec, check_bool
+from lowbit.formats._ggml_search import q4_k_ranges, q6_k_scales
 from lowbit.formats._registry import register
 from lowbit.formats.ggml import _half, _inverse, from_blocks, to_blocks
 
@@ -87,37 +92,41 @@ def _rounded(value: torch.Tensor, divisor: torch.Tensor, limits: tuple[int, int]
     return codes.clamp(*limits) + 0.0  # + 0.0: a -0 code is the integer 0
 
 
-def _q4_k(blocks: torch.Tensor) -> KFields:
+def _q4_k(blocks: torch.Tensor, search: bool) -> KFields:
     sub = _sub_blocks("q4_k", blocks)
     finite = torch.isfinite(sub)
     high = torch.where(finite, sub, -math.inf).amax(-1)
     low = torch.where(finite, sub, math.inf).amin(-1)
     empty = torch.isinf(high) & (high < 0)  # no finite element
     high, low = high.masked_fill(empty, 0.0), low.masked_fill(empty, 0.0).clamp(max=0.0)
-    dmin = _half((-low).amax(-1, keepdim=True) / 63.0)
-    sub_min = _rounded(-low, dmin.float().unsqueeze(-1), SUB_SCALE_RANGES["q4_k"])
+    wanted_scale, wanted_min = q4_k_ranges(sub, low, high) if search else (None, -low)
+    dmin = _half(wanted_min.amax(-1, keepdim=True) / 63.0)
+    sub_min = _rounded(wanted_min, dmin.float().unsqueeze(-1), SUB_SCALE_RANGES["q4_k"])
     minimum = _sub_fields(dmin, sub_min)  # the low end the stored fields hold
-    wanted_scale = (high + minimum) / 15.0
-    wanted_scale = torch.where(torch.isinf(wanted_scale), high / 15.0 + minimum / 15.0, wanted_scale).clamp(min=0.0)
+    if wanted_scale is None:  # min-max: the scale covers [-minimum, high]
+        wanted_scale = (high + minimum) / 15.0
+        wanted_scale = torch.where(torch.isinf(wanted_scale), high / 15.0 + minimum / 15.0, wanted_scale).clamp(min=0.0)
     d = _half(wanted_scale.amax(-1, keepdim=True) / 63.0)
     sub_scale = _rounded(wanted_scale, d.float().unsqueeze(-1), SUB_SCALE_RANGES["q4_k"])
-    top = _rounded(high + minimum, _sub_fields(d, sub_scale), CODE_RANGES["q4_k"])
-    sub_scale = torch.where((top < 15) & (sub_scale > 0), sub_scale - 1, sub_scale)  # keep the top code in use
+    if not search:
+        top = _rounded(high + minimum, _sub_fields(d, sub_scale), CODE_RANGES["q4_k"])
+        sub_scale = torch.where((top < 15) & (sub_scale > 0), sub_scale - 1, sub_scale)  # keep the top code in use
     codes = _rounded(sub + minimum.unsqueeze(-1), _sub_fields(d, sub_scale).unsqueeze(-1), CODE_RANGES["q4_k"])
     return KFields(codes.reshape(blocks.shape), d, dmin, sub_scale, sub_min)
 
 
-def _q6_k(blocks: torch.Tensor) -> KFields:
+def _q6_k(blocks: torch.Tensor, search: bool) -> KFields:
     sub = _sub_blocks("q6_k", blocks)
     clean = torch.where(torch.isfinite(sub), sub, torch.zeros_like(sub))
     peak = clean.gather(-1, clean.abs().argmax(-1, keepdim=True)).squeeze(-1)  # the first of largest |x|
-    wanted_scale = peak / -32.0
+    wanted_scale = q6_k_scales(sub, peak) if search else peak / -32.0
     top = wanted_scale.gather(-1, wanted_scale.abs().argmax(-1, keepdim=True))
     d = _half(top / -128.0)
     sub_scale = _rounded(wanted_scale, d.float().unsqueeze(-1), SUB_SCALE_RANGES["q6_k"])
-    peak_code = _rounded(peak, _sub_fields(d, sub_scale), CODE_RANGES["q6_k"])
-    smaller = sub_scale - torch.sign(sub_scale)  # one step toward zero: the peak keeps code -32
-    sub_scale = torch.where(peak_code > -32, smaller, sub_scale)
+    if not search:
+        peak_code = _rounded(peak, _sub_fields(d, sub_scale), CODE_RANGES["q6_k"])
+        smaller = sub_scale - torch.sign(sub_scale)  # one step toward zero: the peak keeps code -32
+        sub_scale = torch.where(peak_code > -32, smaller, sub_scale)
     codes = _rounded(sub, _sub_fields(d, sub_scale).unsqueeze(-1), CODE_RANGES["q6_k"])
     return KFields(codes.reshape(blocks.shape), d, None, sub_scale, None)
 
@@ -127,9 +136,11 @@ def _sub_fields(field: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
     return field.float().unsqueeze(-1) * sub.float()
 
 
-def k_fields(ggml_type: str, blocks: torch.Tensor) -> KFields:
-    """lowbit's rule (module docstring) on float32 super-blocks [..., n, 256]."""
-    return _q4_k(blocks) if ggml_type == "q4_k" else _q6_k(blocks)
+def k_fields(ggml_type: str, blocks: torch.Tensor, search: bool = True) -> KFields:
+    """lowbit's rule (module docstring) on float32 super-blocks [..., n, 256]; ``search`` (Q4_K): the
+    least-squares search of :mod:`lowbit.formats._ggml_search` instead of min-max (Q6_K: instead of the
+    peak's scale)."""
+    return _q4_k(blocks, search) if ggml_type == "q4_k" else _q6_k(blocks, search)
 
 
 def k_values(ggml_type: str, fields: KFields) -> torch.Tensor:
@@ -146,9 +157,13 @@ class _KQuantFormat(FormatSpec):
     """One K-quant type (module docstring); no parameters: the type fixes everything."""
 
     ggml_type: ClassVar[str] = ""
+    search: bool = True
+
+    def validate(self) -> None:
+        check_bool(self, "search")
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        fields = k_fields(self.ggml_type, to_blocks(x, SUPER_BLOCK))
+        fields = k_fields(self.ggml_type, to_blocks(x, SUPER_BLOCK), self.search)
         return from_blocks(k_values(self.ggml_type, fields), x.shape)
 
     @property
@@ -170,7 +185,8 @@ def _k_format(ggml_type: str) -> type[FormatSpec]:
     name = f"gguf_{ggml_type}"
     doc = f"llama.cpp's {ggml_type.upper()} (super-blocks of 256); see lowbit.formats.ggml_k."
     namespace = {"format_name": name, "ggml_type": ggml_type, "roundings": ("nearest_even",), "__doc__": doc,
-                 "__module__": __name__, "__annotations__": {"rounding": "str"}, "rounding": "nearest_even"}  # fmt: skip
+                 "__module__": __name__, "__annotations__": {"rounding": "str", "search": "bool"},
+                 "rounding": "nearest_even", "search": True}  # fmt: skip
     cls = dataclasses.dataclass(frozen=True, kw_only=True)(type(f"GGUF_{ggml_type.upper()}", (_KQuantFormat,), namespace))
     return register(cls)
 

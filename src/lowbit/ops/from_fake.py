@@ -94,7 +94,7 @@ def convert_quant_linear(module, compute_dtype: str | None = None) -> tuple[nn.M
         block = 256 if detail in ("q4_k", "q6_k") else 32
         if module.in_features % block:
             return None, f"in_features={module.in_features} is not a multiple of {detail.upper()}'s block of {block}"
-        return GGMLLinear.from_float(module, detail, compute_dtype), ""
+        return GGMLLinear.from_float(module, detail, compute_dtype, getattr(formats.weight, "search", True)), ""
     if weight == "int4":
         if data != "none":
             return None, "4-bit weights run weight-only (data_in must have no format)"

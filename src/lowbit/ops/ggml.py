@@ -89,8 +89,10 @@ class GGMLLinear(WeightOnlyLinear):
         return {**super().config(), "ggml_type": self.ggml_type}
 
     @classmethod
-    def from_float(cls, module: nn.Linear, ggml_type: str = "q4_0", compute_dtype: str | None = None) -> GGMLLinear:
-        """``module``'s weight quantized by the ``gguf_<type>`` format's own rule."""
+    def from_float(cls, module: nn.Linear, ggml_type: str = "q4_0", compute_dtype: str | None = None,
+                   search: bool = True) -> GGMLLinear:  # fmt: skip
+        """``module``'s weight quantized by the ``gguf_<type>`` format's own rule (``search``: the K-quants'
+        least-squares search, their format's default)."""
         _check_linear(module)
         weight = module.weight.detach().float()
         if not bool(torch.isfinite(weight).all()):
@@ -98,7 +100,7 @@ class GGMLLinear(WeightOnlyLinear):
         new = cls(module.in_features, module.out_features, module.bias is not None, ggml_type, compute_dtype)
         n = weight.shape[0]
         if ggml_type in K_QUANTS:
-            fields = k_fields(ggml_type, to_blocks(weight.cpu(), SUPER_BLOCK))
+            fields = k_fields(ggml_type, to_blocks(weight.cpu(), SUPER_BLOCK), search)
             sub_min = None if fields.sub_min is None else fields.sub_min.reshape(n, -1)
             new.set_fields(fields.codes.reshape(weight.shape), fields.d, fields.dmin, fields.sub_scale.reshape(n, -1), sub_min)
         else:

@@ -57,7 +57,7 @@ class KQuantCodec(Codec):
 
     def encode(self, spec: FormatSpec, work: torch.Tensor, values: torch.Tensor) -> Encoded:
         check_no_nan(spec, values)
-        fields = k_fields(spec.ggml_type, to_blocks(work, SUPER_BLOCK))
+        fields = k_fields(spec.ggml_type, to_blocks(work, SUPER_BLOCK), spec.search)
         codes = as_int(from_blocks(fields.codes, work.shape))
         small = torch.uint8 if spec.ggml_type == "q4_k" else torch.int8
         params = {"d": fields.d.contiguous(), "sub_scale": fields.sub_scale.to(small).contiguous()}
