@@ -35,8 +35,8 @@ from lowbit.export.gguf_names import _gguf, architecture_enum, file_rows
 
 ARCHITECTURES = {"llama": "llama"}  # Hugging Face model_type -> GGUF architecture
 FIT = ("quantize it with 'gguf_q4_0' / 'gguf_q4_1' / 'gguf_q4_k' (4-bit), 'gguf_q5_0', 'gguf_q6_k' or 'gguf_q8_0' "
-       "(8-bit) (lowbit.quantize_(model, ...)), "
-       "or int4_weight_only with group_size=32 and scale_dtype='f16'")  # fmt: skip
+       "(8-bit) (lowbit.quantize_(model, ...)); int4_weight_only layers write only with group_size=32, "
+       "scale_dtype='f16' and every zero point 8 (Q4_0) or every -zero_point * scale a float16 value (Q4_1)")  # fmt: skip
 
 
 def export_gguf(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None, *,
