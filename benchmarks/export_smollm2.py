@@ -21,8 +21,12 @@ import lowbit
 from lowbit.models.smollm2 import load_smollm2
 from lowbit.ops import GGMLLinear, Int4WeightOnlyLinear, Int8DynamicLinear
 
-GGUF_RECIPES = {"gguf_q4_k": {}, "gguf_q6_k": {}, "gguf_q4_0": {}, "gguf_q8_0": {}}
+GGUF_RECIPES = {"gguf_q4_k": {}, "gguf_q6_k": {}, "gguf_q4_0": {}, "gguf_q8_0": {},
+                "int4_weight_only g32 f16 symmetric (as Q4_0)": {"recipe": "int4_weight_only", "group_size": 32,
+                                                                 "scale_dtype": "f16", "symmetric": True}}  # fmt: skip
 CT_RECIPES = {"int4_weight_only g64 (pack-quantized)": {"recipe": "int4_weight_only", "group_size": 64},
+              "int4_weight_only g64 symmetric (pack-quantized, symmetric)":
+                  {"recipe": "int4_weight_only", "group_size": 64, "symmetric": True},
               "int8_dynamic (int-quantized)": {"recipe": "int8_dynamic"}}  # fmt: skip
 
 

@@ -82,3 +82,29 @@ def test_unheld_layers_are_refused_and_nothing_is_written(tmp_path):
     assert os.listdir(tmp_path) == []
     with pytest.raises(FormatError, match="no quantized layer"):
         lowbit.export_compressed_tensors(_model(), tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_symmetric_int4_is_written_symmetric_and_transformers_loads_it(tmp_path, tied):
+    """int4_weight_only(symmetric=True): no zero point tensor, symmetric scheme; compressed-tensors' decompressor
+    gives the weights bit for bit and transformers' loader reads the folder (it cannot read asymmetric zero
+    points, which compressed-tensors packs: vllm-project/llm-compressor#1618). A quantized lm_head of a tied
+    model is written untied (its float embedding stays)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=tied)  # fmt: skip
+    model = lowbit.quantize_(transformers.LlamaForCausalLM(config).eval(), "int4_weight_only", symmetric=True,
+                             group_size=32, skip=[] if tied else ["lm_head"])  # fmt: skip
+    quantization = lowbit.export_compressed_tensors(model, tmp_path / "ckpt")
+    group = next(iter(quantization["config_groups"].values()))
+    assert group["weights"]["symmetric"] is True and group["format"] == "pack-quantized"
+    state = load_file(tmp_path / "ckpt" / "model.safetensors")
+    assert not any(key.endswith("weight_zero_point") for key in state)
+    name = "model.layers.0.mlp.down_proj"
+    assert _same_bits(_decompressed(tmp_path / "ckpt", name), model.get_submodule(name).dequantized_weight())
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", dtype=torch.float32).eval()
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)

@@ -157,6 +157,17 @@ def test_int4_weight_only_with_float16_scales_and_zero_point_8_is_q4_0(tmp_path)
     assert np.array_equal(values, int4.dequantized_weight().numpy())
 
 
+def test_symmetric_int4_recipe_is_written_as_q4_0(tmp_path):
+    model = lowbit.quantize_(_tiny_llama(), "int4_weight_only", symmetric=True, group_size=32, scale_dtype="f16",
+                             skip=["lm_head"])  # fmt: skip
+    written = lowbit.export_gguf(model, tmp_path / "sym.gguf")
+    assert {kind for name, kind in written.items() if name.startswith("blk.") and "norm" not in name} == {"Q4_0"}
+    tensor = next(t for t in gguf.GGUFReader(str(tmp_path / "sym.gguf")).tensors if t.name == "blk.0.ffn_down.weight")
+    values = dequantize(tensor.data, tensor.tensor_type).reshape(64, 128)
+    expected = model.model.layers[0].mlp.down_proj.dequantized_weight().numpy()
+    assert np.array_equal(values.view(np.uint32), expected.view(np.uint32))
+
+
 def test_layers_no_ggml_type_holds_are_refused_by_name(tmp_path):
     model = _tiny_llama()
     lowbit.quantize_(model, "int4_weight_only", group_size=64, skip=[r".*mlp.*", "lm_head"])

@@ -7,7 +7,10 @@ What goes where (docs/storage.md has the table):
   group_size g. ``weight_packed`` int32 (codes q - 8 in [-8, 7], packed by compressed-tensors' own
   ``pack_to_int32``), ``weight_zero_point`` (zero_point - 8, packed along the rows), ``weight_scale`` float32
   (lowbit's bfloat16 / float16 scales widened: exact, and compressed-tensors dequantizes in the scale's dtype,
-  where (q - z) * s is then exact too), ``weight_shape``.
+  where (q - z) * s is then exact too), ``weight_shape``. Where every q - zero_point lies in -8..7 (the
+  ``symmetric=True`` int4 recipe: zero point 7, codes 0..14) the group is written symmetric instead:
+  ``weight_packed`` holds q - zero_point and no zero point is written (the scheme transformers' loader
+  takes; its loader cannot read asymmetric zero points, which compressed-tensors packs).
 - ``Int8DynamicLinear`` (symmetric 8-bit per-token activations) -> ``int-quantized``: weights int, 8 bits,
   symmetric, strategy "channel" (``weight`` int8, ``weight_scale`` float32 [N, 1]); input_activations int, 8
   bits, symmetric, strategy "token", dynamic.
@@ -32,8 +35,8 @@ from lowbit.errors import FormatError
 INT4_FORMAT, INT8_FORMAT = "pack-quantized", "int-quantized"
 
 
-def _int4_scheme(group_size: int, targets: list[str]) -> dict[str, Any]:
-    weights = {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": group_size,
+def _int4_scheme(group_size: int, targets: list[str], symmetric: bool) -> dict[str, Any]:
+    weights = {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "group", "group_size": group_size,
                "dynamic": False}  # fmt: skip
     return {"targets": targets, "weights": weights, "input_activations": None, "format": INT4_FORMAT}
 
@@ -48,14 +51,20 @@ def _target(name: str) -> str:
     return "re:^" + name.replace(".", r"\.") + "$"
 
 
-def _int4_tensors(module) -> dict[str, torch.Tensor]:
+def _int4_tensors(module) -> tuple[bool, dict[str, torch.Tensor]]:
+    """(symmetric, tensors): symmetric where every signed code fits (no zero point written: the format
+    transformers and vLLM load directly), else asymmetric with packed zero points."""
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
+    tensors = {"weight_scale": module.weight_scale.float().cpu(),
+               "weight_shape": torch.tensor([module.out_features, module.in_features])}  # fmt: skip
+    signed = module.signed_codes()
+    if signed is not None:
+        return True, {"weight_packed": pack_to_int32(signed.cpu(), 4), **tensors}
     codes = (module.codes().to(torch.int16) - 8).to(torch.int8)
     zero_point = (module.weight_zero_point.to(torch.int16) - 8).to(torch.int8)
-    return {"weight_packed": pack_to_int32(codes.cpu(), 4), "weight_scale": module.weight_scale.float().cpu(),
-            "weight_zero_point": pack_to_int32(zero_point.cpu(), 4, packed_dim=0).contiguous(),
-            "weight_shape": torch.tensor([module.out_features, module.in_features])}  # fmt: skip
+    return False, {"weight_packed": pack_to_int32(codes.cpu(), 4), **tensors,
+                   "weight_zero_point": pack_to_int32(zero_point.cpu(), 4, packed_dim=0).contiguous()}  # fmt: skip
 
 
 def _int8_tensors(module) -> dict[str, torch.Tensor]:
@@ -67,7 +76,8 @@ def _layer(name: str, module: nn.Module) -> tuple[str | None, Any, dict[str, tor
     from lowbit.ops import Int4WeightOnlyLinear, Int8DynamicLinear
 
     if isinstance(module, Int4WeightOnlyLinear):
-        return "int4", module.group_size, _int4_tensors(module)
+        symmetric, tensors = _int4_tensors(module)
+        return "int4-symmetric" if symmetric else "int4", module.group_size, tensors
     if isinstance(module, Int8DynamicLinear) and module.act_symmetric and module.act_granularity == "token" \
             and module.act_bits == 8:  # fmt: skip
         return "int8", None, _int8_tensors(module)
@@ -100,12 +110,18 @@ def compressed_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[st
     config_groups = {}
     for index, ((key, group_size), names) in enumerate(sorted(groups.items(), key=lambda item: str(item[0]))):
         targets = [_target(name) for name in names]
-        config_groups[f"group_{index}"] = _int4_scheme(group_size, targets) if key == "int4" else _int8_scheme(targets)
+        config_groups[f"group_{index}"] = (_int8_scheme(targets) if key == "int8" else
+                                           _int4_scheme(group_size, targets, key == "int4-symmetric"))  # fmt: skip
     formats = {group["format"] for group in config_groups.values()}
     ignore = [name for name, module in model.named_modules() if type(module) is nn.Linear]
     config = {"quant_method": "compressed-tensors", "format": formats.pop() if len(formats) == 1 else "mixed-precision",
               "quantization_status": "compressed", "config_groups": config_groups, "ignore": ignore}  # fmt: skip
     return state, config
+
+
+def _output_quantized(model: nn.Module) -> bool:
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return output is not None and type(output) is not nn.Linear
 
 
 def export_compressed_tensors(model: nn.Module, directory: str | os.PathLike) -> dict[str, Any]:
@@ -117,6 +133,8 @@ def export_compressed_tensors(model: nn.Module, directory: str | os.PathLike) ->
     if not quantization["config_groups"]:
         raise FormatError("export_compressed_tensors: the model has no quantized layer to write")
     config = model.config.to_dict() if hasattr(getattr(model, "config", None), "to_dict") else {}
+    if config.get("tie_word_embeddings") and _output_quantized(model):
+        config["tie_word_embeddings"] = False  # the quantized lm_head no longer shares the float embedding
     config["quantization_config"] = quantization
     shared = {}
     for name, tensor in state.items():  # tied weights: safetensors wants one owner per storage

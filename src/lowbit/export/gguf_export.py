@@ -5,7 +5,8 @@ What goes where (docs/storage.md has the table):
 
 - ``GGMLLinear`` (the ``gguf_*`` recipes: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; ``lowbit.load_gguf``): its block
   bytes as they are; a simulated ``QuantLinear`` whose only format is a gguf_* weight: the same codes.
-- ``Int4WeightOnlyLinear`` with group 32: Q4_0 where every zero point is 8 and the scales are float16 values,
+- ``Int4WeightOnlyLinear`` with group 32: Q4_0 where every q - zero_point lies in -8..7 (zero point 8, or
+  the symmetric recipe's 7) and the scales are float16 values,
   else Q4_1 (d = scale, m = -zero_point * scale) where float16 holds d and m exactly; ``Int8WeightOnlyLinear``:
   Q8_0 where every per-channel scale is a float16 value. Each candidate is checked: its dequantized weight
   must equal the module's bit for bit, or nothing is written.
@@ -35,8 +36,8 @@ from lowbit.export.gguf_names import _gguf, architecture_enum, file_rows
 
 ARCHITECTURES = {"llama": "llama"}  # Hugging Face model_type -> GGUF architecture
 FIT = ("quantize it with 'gguf_q4_0' / 'gguf_q4_1' / 'gguf_q4_k' (4-bit), 'gguf_q5_0', 'gguf_q6_k' or 'gguf_q8_0' "
-       "(8-bit) (lowbit.quantize_(model, ...)); int4_weight_only layers write only with group_size=32, "
-       "scale_dtype='f16' and every zero point 8 (Q4_0) or every -zero_point * scale a float16 value (Q4_1)")  # fmt: skip
+       "(8-bit) (lowbit.quantize_(model, ...)), or int4_weight_only with group_size=32, scale_dtype='f16' and "
+       "symmetric=True (Q4_0)")  # fmt: skip
 
 
 def export_gguf(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None, *,
@@ -236,8 +237,9 @@ def _int4_candidates(module) -> list:
     scale = module.weight_scale.float()
     zero_point = module.weight_zero_point.float()
     out = []
-    if bool((zero_point == 8).all()):
-        out.append(_built(GGMLLinear, module, "q4_0", codes, scale.half()))
+    signed = module.signed_codes()  # q - zero_point in -8..7: Q4_0's d * (q' - 8) with q' = q - zero_point + 8
+    if signed is not None:
+        out.append(_built(GGMLLinear, module, "q4_0", signed.to(torch.int16) + 8, scale.half()))
     out.append(_built(GGMLLinear, module, "q4_1", codes, scale.half(), (-zero_point * scale).half()))
     return out
 

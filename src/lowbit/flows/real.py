@@ -33,8 +33,9 @@ def recipe_formats(recipe: Recipe) -> RoleFormats:
     if isinstance(recipe, Int8WeightOnly):
         return RoleFormats(weight=_int8_weight())
     if isinstance(recipe, Int4WeightOnly):
-        return RoleFormats(weight=resolve("affine", bits=4, signed=False, block_size=(1, recipe.group_size),
-                                          scale_dtype=recipe.scale_dtype))  # fmt: skip
+        sign = {"signed": True, "symmetric": True} if recipe.symmetric else {"signed": False}
+        return RoleFormats(weight=resolve("affine", bits=4, block_size=(1, recipe.group_size),
+                                          scale_dtype=recipe.scale_dtype, **sign))  # fmt: skip
     if isinstance(recipe, GGUFWeightOnly):
         return RoleFormats(weight=resolve(recipe.name))
     raise ConfigError(f"recipe {recipe.name!r} has no fixed formats (its activation scales are calibrated)")
@@ -160,7 +161,7 @@ def _int4_weight_only(root, targets, recipe: Int4WeightOnly):
         return _with_info(lambda name, module: built[name], awq_info)
     if recipe.method == "hqq":
         return lambda name, module: _hqq_module(module, recipe)
-    if not recipe.search:  # a plain format: the simulated affine 4-bit weight's own codes
+    if not recipe.search or recipe.symmetric:  # a plain format: the simulated affine 4-bit weight's own codes
         formats = recipe_formats(recipe)
         return _with_info(lambda name, module: linear_from_formats(module, formats, compute_dtype=recipe.compute_dtype),
                           awq_info)  # fmt: skip

@@ -111,7 +111,10 @@ INT4_METHODS = ("round", "gptq", "hqq", "awq", "awq+gptq")
 class Int4WeightOnly(Recipe):
     """Real int4 weights per group of ``group_size`` inputs; ``method`` "round", "gptq", "awq" or "awq+gptq"
     (AWQ's folded scales, then GPTQ's codes), all but "round" needing ``calibration_data``, or "hqq" (data-free
-    half-quadratic fit of each group's scale and zero point, ``hqq_iterations`` steps)."""
+    half-quadratic fit of each group's scale and zero point, ``hqq_iterations`` steps). ``symmetric=True``:
+    codes -7..7 around zero (scale = max |w| / 7 per group, stored as zero point 7), plain rounding (method
+    "round"; the range search does not apply): the int4 that compressed-tensors writes symmetric and, at group
+    32 with float16 scales, GGUF's Q4_0 holds."""
 
     name: ClassVar[str] = "int4_weight_only"
     group_size: int = 32
@@ -125,9 +128,14 @@ class Int4WeightOnly(Recipe):
     mask_padding: bool = True
     hqq_iterations: int = 20
     calibration_data: Any = None
+    symmetric: bool = False
 
     def check(self) -> None:
         _positive_int(self.name, "group_size", self.group_size, even=True)
+        _flag(self.name, "symmetric", self.symmetric)
+        if self.symmetric and self.method != "round":
+            raise ConfigError(f"{self.name}: symmetric=True rounds each group plainly; method={self.method!r} "
+                              "searches asymmetric grids (use method='round')")  # fmt: skip
         _choice(self.name, "scale_dtype", self.scale_dtype, ("bf16", "f16", "f32"))
         _flag(self.name, "search", self.search)
         _choice(self.name, "compute_dtype", self.compute_dtype, COMPUTE_DTYPES)

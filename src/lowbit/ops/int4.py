@@ -118,6 +118,13 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
         """Unpacked uint8 codes [N, K]."""
         return kernels.unpack_nibbles(self.weight_codes)
 
+    def signed_codes(self) -> torch.Tensor | None:
+        """int8 codes - zero_point [N, K] when every one lies in -8..7 (a symmetric int4 grid: what
+        compressed-tensors' symmetric scheme and GGUF's Q4_0 store), else None."""
+        zero_point = self.weight_zero_point.to(torch.int16).repeat_interleave(self.group_size, dim=1)
+        signed = self.codes().to(torch.int16) - zero_point
+        return signed.to(torch.int8) if bool(((signed >= -8) & (signed <= 7)).all()) else None
+
     def dequantized_weight(self, start: int = 0, end: int | None = None) -> torch.Tensor:
         """float32 weight rows [start, end): (codes - zero_point) * scale per group."""
         k, g = self.in_features, self.group_size
