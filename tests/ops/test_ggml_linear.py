@@ -72,15 +72,6 @@ def test_pass_args_and_format_recipe_build_the_same_module(ggml_type):
     assert torch.equal(simulated, by_recipe[0].dequantize_weight())
 
 
-@pytest.mark.parametrize("ggml_type", list(TYPES))
-def test_save_and_load_round_trip(tmp_path, ggml_type):
-    quantized = lowbit.quantize_(_model(), f"gguf_{ggml_type}")
-    lowbit.save(quantized, tmp_path / "m.lowbit")
-    loaded = lowbit.load(tmp_path / "m.lowbit", model=_model(seed=5))
-    x = torch.randn(3, 64)
-    assert isinstance(loaded[0], GGMLLinear) and torch.equal(loaded(x), quantized(x))
-
-
 def test_storage_is_a_fraction_of_float32():
     module = GGMLLinear.from_float(nn.Linear(256, 64, bias=False), "q4_1")
     assert module.weight_bytes() / (256 * 64 * 4) == pytest.approx(0.625 / 4)
@@ -147,12 +138,13 @@ def test_new_types_paths_agree_with_the_reference(ggml_type, rows):
         assert torch.equal(rebuilt.view(torch.int32), module.dequantize_weight().view(torch.int32))
 
 
-@pytest.mark.parametrize("ggml_type", ["q5_0", *K_TYPES])
-def test_new_types_save_load_and_bytes(tmp_path, ggml_type):
+@pytest.mark.parametrize("ggml_type", [*TYPES, *K_TYPES])
+def test_save_load_and_bytes(tmp_path, ggml_type):
     quantized = lowbit.quantize_(_k_model(), f"gguf_{ggml_type}")
     lowbit.save(quantized, tmp_path / "m.lowbit")
     loaded = lowbit.load(tmp_path / "m.lowbit", model=_k_model(seed=5))
     x = torch.randn(3, 512)
     assert isinstance(loaded[0], GGMLLinear) and torch.equal(loaded(x), quantized(x))
-    per_weight = {"q5_0": 1 + 2 / 32, "q4_k": 0.5 + 4 / 256 + 2 / 32, "q6_k": 1 + 2 / 256 + 1 / 16}[ggml_type]
+    per_weight = {"q4_0": 0.5 + 2 / 32, "q4_1": 0.5 + 4 / 32, "q5_0": 1 + 2 / 32, "q8_0": 1 + 2 / 32,
+                  "q4_k": 0.5 + 4 / 256 + 2 / 32, "q6_k": 1 + 2 / 256 + 1 / 16}[ggml_type]  # fmt: skip
     assert quantized[0].weight_bytes() - 256 * 4 == pytest.approx(512 * 256 * per_weight)
