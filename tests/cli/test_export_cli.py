@@ -85,3 +85,19 @@ def test_serving_formats_refuse_what_they_cannot_hold_in_one_line(transformed, t
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "export_compressed_tensors: layer" in error[0]
     assert not (tmp_path / "toy.gguf").exists() and not (tmp_path / "ckpt").exists()
+
+
+def test_gguf_export_of_a_smollm2_checkpoint_carries_its_vocabulary(tmp_path, monkeypatch):
+    """llama.cpp cannot run a GGUF file without a vocabulary: `lowbit export --gguf` of a SmolLM2 checkpoint
+    writes SmolLM2's tokenizer with llama.cpp's pre-tokenizer name for it; other models write none."""
+    import json
+
+    import lowbit.models.smollm2 as smollm2
+    from lowbit.pipeline.exporting import _gguf_vocabulary
+
+    sentinel = object()
+    monkeypatch.setattr(smollm2, "load_smollm2_tokenizer", lambda: sentinel)
+    (tmp_path / "module.json").write_text(json.dumps({"model": "smollm2"}))
+    assert _gguf_vocabulary(tmp_path) == (sentinel, "smollm")
+    (tmp_path / "module.json").write_text(json.dumps({"model": "toy_mlp"}))
+    assert _gguf_vocabulary(tmp_path) == (None, "default")

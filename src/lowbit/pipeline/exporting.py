@@ -1,5 +1,6 @@
 """``lowbit export``: a transformed model (a ``transformed_ckpt`` folder) to QDQ ONNX, lowbit's safetensors
-file, a GGUF file (llama.cpp) and / or a compressed-tensors folder (vLLM). The example input for ONNX is a batch of the model's dataset; a tokenized batch (MiniLM)
+file, a GGUF file (llama.cpp; a SmolLM2 checkpoint with its vocabulary) and / or a compressed-tensors
+folder (vLLM). The example input for ONNX is a batch of the model's dataset; a tokenized batch (MiniLM)
 becomes the positional inputs in the order of the model's ``forward`` (input_ids, attention_mask, ...)."""
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def export(folder: str | os.PathLike, *, onnx_path: str | None = None, safetenso
     if gguf_path:
         from lowbit.export import export_gguf
 
+        tokenizer, tokenizer_pre = _gguf_vocabulary(folder)
         with waiting(f"writing {gguf_path}", slow=False):
-            export_gguf(model, gguf_path)
+            export_gguf(model, gguf_path, tokenizer, tokenizer_pre=tokenizer_pre)
         written.append(gguf_path)
     if compressed_tensors_path:
         from lowbit.export import export_compressed_tensors
@@ -52,6 +54,17 @@ def export(folder: str | os.PathLike, *, onnx_path: str | None = None, safetenso
             export_onnx(model, example, onnx_path, dynamic_batch=True)
         written.append(onnx_path)
     return written
+
+
+def _gguf_vocabulary(folder: Path):
+    """(tokenizer, llama.cpp pre-tokenizer name) for a catalog model's GGUF file, so llama.cpp can run it:
+    SmolLM2's own vocabulary ("smollm", as llama.cpp's converter names it); (None, "default") otherwise."""
+    model_name, _ = saved_origin(folder)
+    if model_name == "smollm2":
+        from lowbit.models.smollm2 import load_smollm2_tokenizer
+
+        return load_smollm2_tokenizer(), "smollm"
+    return None, "default"
 
 
 def positional_inputs(model, batch: Mapping) -> tuple:
