@@ -56,6 +56,12 @@ def variants(calibration: list[torch.Tensor], gptq: bool) -> dict[str, tuple[str
         "int4_weight_only g64 (range search)": ("int4_weight_only", {"group_size": 64}),
         "int4_weight_only g32 plain round (integer zero point: not Q4_1's grid)":
             ("int4_weight_only", {"group_size": 32, "search": False}),
+        "int4_weight_only g32 float zero point plain": ("int4_weight_only", {"group_size": 32, "search": False,
+                                                                           "zero_point_domain": "float"}),
+        "int4_weight_only g64 float zero point plain": ("int4_weight_only", {"group_size": 64, "search": False,
+                                                                           "zero_point_domain": "float"}),
+        "int4_weight_only g64 float zero point (range search)": ("int4_weight_only", {"group_size": 64,
+                                                                                    "zero_point_domain": "float"}),
         "gguf_q4_1 (ggml's Q4_1: the shipped weights' own grid)": ("gguf_q4_1", {}),
         "gguf_q8_0": ("gguf_q8_0", {}),
         "gguf_q5_0": ("gguf_q5_0", {}),

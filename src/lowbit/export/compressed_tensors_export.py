@@ -75,6 +75,10 @@ def _layer(name: str, module: nn.Module) -> tuple[str | None, Any, dict[str, tor
     """(scheme key, group size, tensors) of one quantized layer; FormatError when none holds it."""
     from lowbit.ops import Int4WeightOnlyLinear, Int8DynamicLinear
 
+    if isinstance(module, Int4WeightOnlyLinear) and module.float_zero:
+        raise FormatError(f"export_compressed_tensors: layer {name!r} holds int4 with a float zero point "
+                          "(zero_point_domain='float'); compressed-tensors' int schemes hold integer zero points: "
+                          "quantize it with zero_point_domain='int'")  # fmt: skip
     if isinstance(module, Int4WeightOnlyLinear):
         symmetric, tensors = _int4_tensors(module)
         return "int4-symmetric" if symmetric else "int4", module.group_size, tensors

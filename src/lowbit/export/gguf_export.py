@@ -235,6 +235,8 @@ def _int4_candidates(module) -> list:
 
     codes = module.codes()
     scale = module.weight_scale.float()
+    if module.float_zero:  # q * scale + minimum: Q4_1 where float16 holds both
+        return [_built(GGMLLinear, module, "q4_1", codes, scale.half(), module.weight_min.half())]
     zero_point = module.weight_zero_point.float()
     out = []
     signed = module.signed_codes()  # q - zero_point in -8..7: Q4_0's d * (q' - 8) with q' = q - zero_point + 8

@@ -173,6 +173,10 @@ def stand_in(module: nn.Module, layer: str = "") -> tuple[nn.Module, dict[str, s
     """The export module for a real module (``layer``: its name, for errors) and its role -> description (for
     OnnxExport.layers); ExportError for the modules ONNX cannot hold (``NO_ONNX``)."""
     name = type(module).__name__
+    if getattr(module, "float_zero", False):
+        raise ExportError(f"layer {layer!r}: an Int4WeightOnlyLinear with a float zero point (zero_point_domain="
+                          "'float'): ONNX's DequantizeLinear takes integer zero points; quantize it with "
+                          "zero_point_domain='int' to export ONNX")  # fmt: skip
     if name in NO_ONNX:
         raise ExportError(f"layer {layer!r}: a {name} holds {NO_ONNX[name]}: ONNX cannot express it; export the "
                           "float model, or the model quantized to a format ONNX holds (8-bit affine / integer, "

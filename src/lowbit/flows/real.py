@@ -33,6 +33,9 @@ def recipe_formats(recipe: Recipe) -> RoleFormats:
     if isinstance(recipe, Int8WeightOnly):
         return RoleFormats(weight=_int8_weight())
     if isinstance(recipe, Int4WeightOnly):
+        if recipe.zero_point_domain == "float":
+            raise ConfigError("int4_weight_only with zero_point_domain='float' has no simulated format twin (the "
+                              "affine formats hold integer zero points)")  # fmt: skip
         sign = {"signed": True, "symmetric": True} if recipe.symmetric else {"signed": False}
         return RoleFormats(weight=resolve("affine", bits=4, block_size=(1, recipe.group_size),
                                           scale_dtype=recipe.scale_dtype, **sign))  # fmt: skip
@@ -161,6 +164,11 @@ def _int4_weight_only(root, targets, recipe: Int4WeightOnly):
         return _with_info(lambda name, module: built[name], awq_info)
     if recipe.method == "hqq":
         return lambda name, module: _hqq_module(module, recipe)
+    if recipe.zero_point_domain == "float":
+        power = input_power(root, targets, recipe.calibration_data) if recipe.calibration_data is not None else {}
+        return lambda name, module: Int4WeightOnlyLinear.from_float(
+            module, group_size=recipe.group_size, scale_dtype=recipe.scale_dtype, search=recipe.search,
+            importance=power.get(name), compute_dtype=recipe.compute_dtype, zero_point_domain="float")  # fmt: skip
     if not recipe.search or recipe.symmetric:  # a plain format: the simulated affine 4-bit weight's own codes
         formats = recipe_formats(recipe)
         return _with_info(lambda name, module: linear_from_formats(module, formats, compute_dtype=recipe.compute_dtype),

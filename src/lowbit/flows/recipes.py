@@ -114,7 +114,9 @@ class Int4WeightOnly(Recipe):
     half-quadratic fit of each group's scale and zero point, ``hqq_iterations`` steps). ``symmetric=True``:
     codes -7..7 around zero (scale = max |w| / 7 per group, stored as zero point 7), plain rounding (method
     "round"; the range search does not apply): the int4 that compressed-tensors writes symmetric and, at group
-    32 with float16 scales, GGUF's Q4_0 holds."""
+    32 with float16 scales, GGUF's Q4_0 holds. ``zero_point_domain="float"``: a float offset per group (value
+    q * scale + minimum; torchao's and HQQ's default, ggml's Q4_1 at group 32 with float16 scales), method
+    "round" only."""
 
     name: ClassVar[str] = "int4_weight_only"
     group_size: int = 32
@@ -129,10 +131,15 @@ class Int4WeightOnly(Recipe):
     hqq_iterations: int = 20
     calibration_data: Any = None
     symmetric: bool = False
+    zero_point_domain: str = "int"
 
     def check(self) -> None:
         _positive_int(self.name, "group_size", self.group_size, even=True)
         _flag(self.name, "symmetric", self.symmetric)
+        _choice(self.name, "zero_point_domain", self.zero_point_domain, ("int", "float"))
+        if self.zero_point_domain == "float" and (self.symmetric or self.method != "round"):
+            raise ConfigError(f"{self.name}: zero_point_domain='float' takes method='round' (with or without the "
+                              "range search) and symmetric=False; GPTQ / AWQ / HQQ fit integer zero points")  # fmt: skip
         if self.symmetric and self.method != "round":
             raise ConfigError(f"{self.name}: symmetric=True rounds each group plainly; method={self.method!r} "
                               "searches asymmetric grids (use method='round')")  # fmt: skip

@@ -8,6 +8,13 @@ At group 32 that is 0.5 + 3 / 32 bytes per weight, 0.148x float32.
 Scales: min-max per group over a range widened to include 0; with ``search=True`` (default) each group
 also tries its range shrunk at either end by 5 % steps down to 70 % and keeps the pair with the lowest
 squared error, weighted per input channel by ``importance`` (mean x^2 from calibration) when given.
+
+``zero_point_domain="float"`` (torchao's name; its and HQQ's default, ggml's Q4_1 at group 32): the group's
+offset is a float, ``weight_min`` [N, K / g] in ``scale_dtype`` instead of ``weight_zero_point``; value
+q * scale + minimum in float32 (the product rounded, then the sum). The range is the group's own min-max (no
+widening to 0), scale (max - min) / 15, minimum min, both rounded to ``scale_dtype``; codes
+round((x - minimum) * (1 / scale)); the same shrink search. No int4pack path (its kernel works in bfloat16);
+the native kernels' ``int4_min`` kind computes these weights exactly.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from lowbit.ops.modules import WeightOnlyLinear, _check_linear, check_compute_dt
 
 SCALE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 SHRINK_STEPS = tuple(1.0 - 0.05 * step for step in range(7))  # 1.0 .. 0.7
+ZERO_POINT_DOMAINS = ("int", "float")
 
 
 def _group_codes(groups: torch.Tensor, low: torch.Tensor, high: torch.Tensor, scale_dtype: torch.dtype):
@@ -37,6 +45,16 @@ def _group_codes(groups: torch.Tensor, low: torch.Tensor, high: torch.Tensor, sc
     return codes, scale, zero_point
 
 
+def _float_group_codes(groups: torch.Tensor, low: torch.Tensor, high: torch.Tensor, scale_dtype: torch.dtype):
+    """(codes, scale, minimum) of groups [N, G, g] for the ranges [low, high] with a float offset."""
+    scale = (high - low).mul_(1.0 / 15).clamp_min_(torch.finfo(torch.float32).tiny)
+    scale = scale.to(scale_dtype).float()
+    scale = scale.masked_fill_(scale <= 0, 1.0)  # a bf16 / f16 underflow
+    minimum = low.to(scale_dtype).float()
+    codes = torch.round((groups - minimum) * (1.0 / scale)).clamp_(0, 15)
+    return codes, scale, minimum
+
+
 def weight_groups(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``weight`` [N, K] as float32 groups [N, K / g, g] with each group's min-max range widened to hold 0
     ([N, K / g, 1] low <= 0 <= high); FormatError on NaN / inf."""
@@ -48,16 +66,21 @@ def weight_groups(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
 
 
 def quantize_groups(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.bfloat16,
-                    search: bool = True, importance: torch.Tensor | None = None):  # fmt: skip
-    """uint8 codes [N, K], scales [N, K / g] (scale_dtype), uint8 zero points [N, K / g] of ``weight``."""
+                    search: bool = True, importance: torch.Tensor | None = None, float_zero: bool = False):  # fmt: skip
+    """uint8 codes [N, K], scales [N, K / g] (scale_dtype), uint8 zero points [N, K / g] of ``weight``; with
+    ``float_zero`` the third is the float minimum [N, K / g] (scale_dtype) of the float zero-point domain."""
     n, k = weight.shape
     groups, low0, high0 = weight_groups(weight, group_size)
+    if float_zero:  # the group's own range, not widened to hold 0
+        low0, high0 = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    trial_codes = _float_group_codes if float_zero else _group_codes
     weights = None if importance is None else importance.float().reshape(1, k // group_size, group_size)
     best, best_error = None, None
     for low_factor in SHRINK_STEPS if search else (1.0,):
         for high_factor in SHRINK_STEPS if search else (1.0,):
-            trial = _group_codes(groups, low0 * low_factor, high0 * high_factor, scale_dtype)
-            error = (trial[0] - trial[2]).mul_(trial[1]).sub_(groups).square_()
+            trial = trial_codes(groups, *_shrunk(low0, high0, low_factor, high_factor, float_zero), scale_dtype)
+            values = trial[0] * trial[1] + trial[2] if float_zero else (trial[0] - trial[2]).mul_(trial[1])
+            error = values.sub_(groups).square_()
             error = (error if weights is None else error.mul_(weights)).sum(-1, keepdim=True)
             if best is None:
                 best, best_error = list(trial), error
@@ -66,8 +89,18 @@ def quantize_groups(weight: torch.Tensor, group_size: int, scale_dtype: torch.dt
             best = [torch.where(better, new, old) for new, old in zip(trial, best, strict=True)]
             best_error = torch.where(better, error, best_error)
     codes, scale, zero_point = best
-    return (codes.reshape(n, k).to(torch.uint8), scale.squeeze(-1).to(scale_dtype),
-            zero_point.squeeze(-1).to(torch.uint8))  # fmt: skip
+    offset = zero_point.squeeze(-1).to(scale_dtype if float_zero else torch.uint8)
+    return codes.reshape(n, k).to(torch.uint8), scale.squeeze(-1).to(scale_dtype), offset
+
+
+def _shrunk(low: torch.Tensor, high: torch.Tensor, low_factor: float, high_factor: float, float_zero: bool):
+    """The trial range: each end moved toward 0 (integer zero points: the range holds 0) or toward the
+    group's middle (float offsets: the range is the group's own) by its factor."""
+    if not float_zero:
+        return low * low_factor, high * high_factor
+    width = high - low
+    return (low if low_factor == 1.0 else high - width * low_factor,
+            high if high_factor == 1.0 else low + width * high_factor)  # fmt: skip
 
 
 @register
@@ -80,7 +113,7 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
     has_native = True
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, group_size: int = 32,
-                 scale_dtype: str = "bf16", compute_dtype: str | None = None) -> None:  # fmt: skip
+                 scale_dtype: str = "bf16", compute_dtype: str | None = None, zero_point_domain: str = "int") -> None:  # fmt: skip
         super().__init__(in_features, out_features, bias)
         self.compute_dtype = check_compute_dtype(type(self).__name__, compute_dtype)
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2 or group_size % 2:
@@ -89,27 +122,40 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
             raise FormatError(f"in_features={in_features} is not divisible by group_size={group_size}")
         if scale_dtype not in SCALE_DTYPES:
             raise ConfigError(f"scale_dtype={scale_dtype!r}; legal: {', '.join(SCALE_DTYPES)}")
-        self.group_size, self.scale_dtype = group_size, scale_dtype
+        if zero_point_domain not in ZERO_POINT_DOMAINS:
+            raise ConfigError(f"zero_point_domain={zero_point_domain!r}; legal: {', '.join(ZERO_POINT_DOMAINS)}")
+        self.group_size, self.scale_dtype, self.zero_point_domain = group_size, scale_dtype, zero_point_domain
         groups = in_features // group_size
         self.register_buffer("weight_codes", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
         self.register_buffer("weight_scale", torch.ones(out_features, groups, dtype=SCALE_DTYPES[scale_dtype]))
-        self.register_buffer("weight_zero_point", torch.zeros(out_features, groups, dtype=torch.uint8))
+        if zero_point_domain == "float":
+            self.register_buffer("weight_min", torch.zeros(out_features, groups, dtype=SCALE_DTYPES[scale_dtype]))
+        else:
+            self.register_buffer("weight_zero_point", torch.zeros(out_features, groups, dtype=torch.uint8))
+
+    @property
+    def float_zero(self) -> bool:
+        return self.zero_point_domain == "float"
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "group_size": self.group_size, "scale_dtype": self.scale_dtype}
+        domain = {"zero_point_domain": "float"} if self.float_zero else {}  # older files: the integer domain
+        return {**super().config(), "group_size": self.group_size, "scale_dtype": self.scale_dtype, **domain}
 
     @classmethod
     def from_float(cls, module: nn.Linear, *, group_size: int = 32, scale_dtype: str = "bf16", search: bool = True,
                    importance: torch.Tensor | None = None, codes=None, scale=None, zero_point=None,
-                   compute_dtype: str | None = None) -> Int4WeightOnlyLinear:  # fmt: skip
-        """Quantize ``module``'s weight (or take given uint8 codes [N, K], scales and zero points [N, K / g])."""
+                   compute_dtype: str | None = None, zero_point_domain: str = "int") -> Int4WeightOnlyLinear:  # fmt: skip
+        """Quantize ``module``'s weight (or take given uint8 codes [N, K], scales and zero points [N, K / g];
+        in the float domain ``zero_point`` is the float minimum)."""
         _check_linear(module)
-        new = cls(module.in_features, module.out_features, module.bias is not None, group_size, scale_dtype, compute_dtype)
+        new = cls(module.in_features, module.out_features, module.bias is not None, group_size, scale_dtype, compute_dtype,
+                  zero_point_domain)  # fmt: skip
         if codes is None:
-            codes, scale, zero_point = quantize_groups(module.weight, group_size, SCALE_DTYPES[scale_dtype], search, importance)
+            codes, scale, zero_point = quantize_groups(module.weight, group_size, SCALE_DTYPES[scale_dtype], search,
+                                                       importance, new.float_zero)  # fmt: skip
         new.weight_codes.copy_(kernels.pack_nibbles(codes.to(torch.uint8)))
         new.weight_scale.copy_(scale)
-        new.weight_zero_point.copy_(zero_point)
+        (new.weight_min if new.float_zero else new.weight_zero_point).copy_(zero_point)
         if module.bias is not None:
             new.bias.copy_(module.bias.detach())
         return new.to(module.weight.device)
@@ -120,7 +166,9 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
 
     def signed_codes(self) -> torch.Tensor | None:
         """int8 codes - zero_point [N, K] when every one lies in -8..7 (a symmetric int4 grid: what
-        compressed-tensors' symmetric scheme and GGUF's Q4_0 store), else None."""
+        compressed-tensors' symmetric scheme and GGUF's Q4_0 store), else None (always in the float domain)."""
+        if self.float_zero:
+            return None
         zero_point = self.weight_zero_point.to(torch.int16).repeat_interleave(self.group_size, dim=1)
         signed = self.codes().to(torch.int16) - zero_point
         return signed.to(torch.int8) if bool(((signed >= -8) & (signed <= 7)).all()) else None
@@ -130,21 +178,33 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
         k, g = self.in_features, self.group_size
         codes = kernels.unpack_nibbles(self.weight_codes[start:end])
         groups = codes.reshape(codes.shape[0], k // g, g).float()
+        scale = self.weight_scale[start:end].unsqueeze(-1).float()
+        if self.float_zero:  # the product rounded, then the sum (the native int4_min kind's order)
+            return groups.mul_(scale).add_(self.weight_min[start:end].unsqueeze(-1).float()).reshape(codes.shape[0], k)
         groups = groups.sub_(self.weight_zero_point[start:end].unsqueeze(-1).float())
-        return groups.mul_(self.weight_scale[start:end].unsqueeze(-1).float()).reshape(codes.shape[0], k)
+        return groups.mul_(scale).reshape(codes.shape[0], k)
 
     def packed_fits(self) -> bool:
         """The int4pack kernel's shape rules (N a multiple of 16, groups of 32 to 256) and availability."""
-        fits = self.group_size in (32, 64, 128, 256) and self.out_features % 16 == 0
+        fits = self.group_size in (32, 64, 128, 256) and self.out_features % 16 == 0 and not self.float_zero
         return fits and kernels.int4pack_available()
+
+    def _float_minimum(self) -> torch.Tensor:
+        return self.derived("float_minimum", lambda: self.weight_min.float().contiguous())
 
     def run_native(self, rows: torch.Tensor) -> torch.Tensor | None:
         scale = self.derived("float_scale", lambda: self.weight_scale.float().contiguous())
+        if self.float_zero:
+            return native_linear.ggml_linear(rows, self.weight_codes, scale, self._float_minimum(), self.bias,
+                                             "int4_min", self.group_size)  # fmt: skip
         return native_linear.int4_linear(rows, self.weight_codes, self.weight_zero_point, scale, self.bias,
                                          self.group_size)  # fmt: skip
 
     def native_weight_rows(self, start: int, end: int) -> torch.Tensor | None:
         scale = self.derived("float_scale", lambda: self.weight_scale.float().contiguous())
+        if self.float_zero:
+            return native_linear.weight_rows("int4_min", self.weight_codes[start:end], scale[start:end],
+                                             minimum=self._float_minimum()[start:end], group=self.group_size)  # fmt: skip
         return native_linear.weight_rows("int4_zero", self.weight_codes[start:end], scale[start:end],
                                          zero_point=self.weight_zero_point[start:end], group=self.group_size)  # fmt: skip
 

@@ -79,7 +79,7 @@ def describe(module: nn.Module) -> str:
 
 # ---- storage -----------------------------------------------------------------------------------------------
 def weight_buffers(module: nn.Module) -> list[torch.Tensor]:
-    names = ("weight_codes", "weight_scale", "weight_zero_point")
+    names = ("weight_codes", "weight_scale", "weight_zero_point", "weight_min")
     return [getattr(module, name) for name in names if getattr(module, name, None) is not None]
 
 
