@@ -47,8 +47,8 @@ def op_name(module: nn.Module) -> str:
 # ---- descriptions ------------------------------------------------------------------------------------------
 def weight_format(module: nn.Module) -> str:
     if isinstance(module, Int4WeightOnlyLinear):
-        return (f"uint4 asymmetric, groups of {module.group_size} ({module.scale_dtype} scale, "
-                "uint8 zero point)")  # fmt: skip
+        offset = f"{module.scale_dtype} minimum" if module.float_zero else "uint8 zero point"
+        return f"uint4 asymmetric, groups of {module.group_size} ({module.scale_dtype} scale, {offset})"
     return "int8 symmetric per output channel (f32 scale)"
 
 
