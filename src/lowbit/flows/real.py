@@ -202,7 +202,9 @@ GGUF_FALLBACK = {"q4_k": "q5_0", "q6_k": "q8_0"}
 
 
 def _gguf_weight_only(root, targets, recipe: GGUFWeightOnly):
-    block = 256 if recipe.ggml_type in GGUF_FALLBACK else 32
+    from lowbit.ops.ggml import BLOCKS
+
+    block = BLOCKS[recipe.ggml_type]
     fallback = {}
     for name, module in targets.items():
         if module.in_features % block and module.in_features % 32 == 0 and recipe.ggml_type in GGUF_FALLBACK:

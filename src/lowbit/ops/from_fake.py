@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from lowbit.ops.format_weight import PACKED_WEIGHT_FORMATS, FormatWeightLinear
+from lowbit.ops.ggml import BLOCKS as GGML_BLOCKS
 from lowbit.ops.ggml import GGMLLinear
 from lowbit.ops.int4 import Int4WeightOnlyLinear
 from lowbit.ops.dynamic import Int8DynamicLinear
@@ -91,7 +92,7 @@ def convert_quant_linear(module, compute_dtype: str | None = None) -> tuple[nn.M
     if weight == "gguf":
         if data != "none":
             return None, "ggml block weights run weight-only (data_in must have no format)"
-        block = 256 if detail in ("q4_k", "q6_k") else 32
+        block = GGML_BLOCKS[detail]
         if module.in_features % block:
             return None, f"in_features={module.in_features} is not a multiple of {detail.upper()}'s block of {block}"
         return GGMLLinear.from_float(module, detail, compute_dtype, getattr(formats.weight, "search", True)), ""

@@ -38,13 +38,14 @@ from torch import nn
 from lowbit.errors import ConfigError, FormatError
 from lowbit.formats import _ggml_bytes
 from lowbit.formats.ggml import BLOCK_SIZE, ZERO_CODES, block_fields, block_values, to_blocks
+from lowbit.formats.ggml import GGML_TYPES as LEGACY_TYPES
+from lowbit.formats.ggml_k import K_TYPES as K_QUANTS
 from lowbit.formats.ggml_k import SUB_BLOCKS, SUPER_BLOCK, KFields, k_fields, k_values
 from lowbit.native import linear as native_linear
 from lowbit.ops import kernels
 from lowbit.ops.modules import WeightOnlyLinear, _check_linear, check_compute_dtype, register
 
-GGML_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k")
-K_QUANTS = ("q4_k", "q6_k")
+GGML_TYPES = LEGACY_TYPES + K_QUANTS
 PACKED = ("q4_0", "q4_1", "q4_k")  # nibbles two to a byte; the others one int8 code a byte
 BLOCKS = {name: (SUPER_BLOCK if name in K_QUANTS else BLOCK_SIZE) for name in GGML_TYPES}
 CODE_OFFSET = {"q5_0": ZERO_CODES["q5_0"]}  # stored int8 code = ggml's code - offset

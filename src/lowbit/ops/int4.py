@@ -55,14 +55,15 @@ def _float_group_codes(groups: torch.Tensor, low: torch.Tensor, high: torch.Tens
     return codes, scale, minimum
 
 
-def weight_groups(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``weight`` [N, K] as float32 groups [N, K / g, g] with each group's min-max range widened to hold 0
-    ([N, K / g, 1] low <= 0 <= high); FormatError on NaN / inf."""
+def weight_groups(weight: torch.Tensor, group_size: int, widen: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``weight`` [N, K] as float32 groups [N, K / g, g] with each group's min-max range ([N, K / g, 1]),
+    widened to hold 0 (low <= 0 <= high) unless ``widen`` is False; FormatError on NaN / inf."""
     n, k = weight.shape
     groups = weight.detach().float().reshape(n, k // group_size, group_size)
     if not bool(torch.isfinite(groups).all()):
         raise FormatError("the weight has NaN or inf values; it cannot be quantized")
-    return groups, groups.amin(-1, keepdim=True).clamp(max=0.0), groups.amax(-1, keepdim=True).clamp(min=0.0)
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    return (groups, low.clamp_(max=0.0), high.clamp_(min=0.0)) if widen else (groups, low, high)
 
 
 def quantize_groups(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.bfloat16,
@@ -70,9 +71,7 @@ def quantize_groups(weight: torch.Tensor, group_size: int, scale_dtype: torch.dt
     """uint8 codes [N, K], scales [N, K / g] (scale_dtype), uint8 zero points [N, K / g] of ``weight``; with
     ``float_zero`` the third is the float minimum [N, K / g] (scale_dtype) of the float zero-point domain."""
     n, k = weight.shape
-    groups, low0, high0 = weight_groups(weight, group_size)
-    if float_zero:  # the group's own range, not widened to hold 0
-        low0, high0 = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    groups, low0, high0 = weight_groups(weight, group_size, widen=not float_zero)  # float offsets: the own range
     trial_codes = _float_group_codes if float_zero else _group_codes
     weights = None if importance is None else importance.float().reshape(1, k // group_size, group_size)
     best, best_error = None, None
