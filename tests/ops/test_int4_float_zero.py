@@ -97,3 +97,26 @@ def test_onnx_export_refuses_float_zero_points_in_one_error(tmp_path):
     model = lowbit.quantize_(_model(), "int4_weight_only", zero_point_domain="float", group_size=32)
     with pytest.raises(lowbit.LowbitError, match="float zero point"):
         lowbit.export_onnx(model, (torch.randn(2, 128),), tmp_path / "model.onnx")
+
+
+@torch.no_grad()
+def test_gptq_in_the_float_domain_lowers_the_output_error():
+    model = _model(3)
+    generator = torch.Generator().manual_seed(3)
+    mixing = torch.randn(8, 128, generator=generator)
+    batches = [torch.randn(64, 8, generator=generator) @ mixing + 0.2 * torch.randn(64, 128, generator=generator)
+               for _ in range(4)]  # fmt: skip
+    held_out = torch.randn(256, 8, generator=generator) @ mixing + 0.2 * torch.randn(256, 128, generator=generator)
+    reference = model(held_out)
+    errors = {}
+    for method in ("round", "gptq"):
+        options = {"calibration_data": batches} if method == "gptq" else {}
+        quantized = lowbit.quantize_(copy.deepcopy(model), "int4_weight_only", zero_point_domain="float",
+                                     method=method, **options)  # fmt: skip
+        layer = quantized[0]
+        assert layer.float_zero and layer.weight_min.dtype == torch.bfloat16
+        codes = layer.codes().reshape(64, 4, 32).float()
+        rebuilt = codes * layer.weight_scale.float().unsqueeze(-1) + layer.weight_min.float().unsqueeze(-1)
+        assert torch.equal(layer.dequantized_weight(), rebuilt.reshape(64, 128))
+        errors[method] = float((quantized(held_out) - reference).norm() / reference.norm())
+    assert errors["gptq"] < 0.7 * errors["round"], errors

@@ -46,11 +46,13 @@ def gptq_modules(root: nn.Module, targets: dict[str, nn.Module], recipe: Int4Wei
     settings = {"damping": recipe.damping, "block_size": recipe.block_size, "act_order": recipe.act_order}
 
     def quantize_layer(name, module, hessian):
+        float_zero = recipe.zero_point_domain == "float"
         result = gptq_quantize(module.weight, hessian, recipe.group_size, SCALE_DTYPES[recipe.scale_dtype],
-                               search=recipe.search, **settings)  # fmt: skip
+                               search=recipe.search, float_zero=float_zero, **settings)  # fmt: skip
         return Int4WeightOnlyLinear.from_float(module, group_size=recipe.group_size, scale_dtype=recipe.scale_dtype,
                                                codes=result.codes, scale=result.scale, zero_point=result.zero_point,
-                                               compute_dtype=recipe.compute_dtype)  # fmt: skip
+                                               compute_dtype=recipe.compute_dtype,
+                                               zero_point_domain=recipe.zero_point_domain)  # fmt: skip
 
     progress = progress or logging.getLogger("lowbit").info
     row_mask = padding_mask if recipe.mask_padding else lambda batch: None

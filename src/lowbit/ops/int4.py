@@ -25,6 +25,8 @@ import torch
 from torch import nn
 
 from lowbit.errors import ConfigError, FormatError
+from lowbit import backend
+from lowbit.native import gptq as native_gptq
 from lowbit.native import linear as native_linear
 from lowbit.ops import kernels
 from lowbit.ops.modules import WeightOnlyLinear, _check_linear, check_compute_dtype, register
@@ -69,7 +71,14 @@ def weight_groups(weight: torch.Tensor, group_size: int, widen: bool = True) -> 
 def quantize_groups(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.bfloat16,
                     search: bool = True, importance: torch.Tensor | None = None, float_zero: bool = False):  # fmt: skip
     """uint8 codes [N, K], scales [N, K / g] (scale_dtype), uint8 zero points [N, K / g] of ``weight``; with
-    ``float_zero`` the third is the float minimum [N, K / g] (scale_dtype) of the float zero-point domain."""
+    ``float_zero`` the third is the float minimum [N, K / g] (scale_dtype) of the float zero-point domain.
+
+    A CPU weight runs the native kernel (csrc/gptq.c) once the library is loaded: the same element arithmetic,
+    each trial's squared errors summed in input order (torch.sum's order is its own), so a group whose trial
+    ranges tie to float32 rounding may keep another of them (1 group in 98,304 measured)."""
+    native = _native_fit(weight, group_size, scale_dtype, search, importance, float_zero)
+    if native is not None:
+        return native
     n, k = weight.shape
     groups, low0, high0 = weight_groups(weight, group_size, widen=not float_zero)  # float offsets: the own range
     trial_codes = _float_group_codes if float_zero else _group_codes
@@ -90,6 +99,21 @@ def quantize_groups(weight: torch.Tensor, group_size: int, scale_dtype: torch.dt
     codes, scale, zero_point = best
     offset = zero_point.squeeze(-1).to(scale_dtype if float_zero else torch.uint8)
     return codes.reshape(n, k).to(torch.uint8), scale.squeeze(-1).to(scale_dtype), offset
+
+
+def _native_fit(weight, group_size, scale_dtype, search, importance, float_zero):
+    if weight.device.type != "cpu" or not backend.native_ready():
+        return None
+    columns = weight.detach().float().t().contiguous()  # [K, N]
+    if not bool(torch.isfinite(columns).all()):
+        raise FormatError("the weight has NaN or inf values; it cannot be quantized")
+    weights = None if importance is None else importance.detach().float().cpu().contiguous()
+    result = native_gptq.int4_fit(columns, group_size, scale_dtype, search, weights, float_zero)
+    if result is None:
+        return None
+    codes, scale, offset = result
+    offset = offset.t().to(scale_dtype if float_zero else torch.uint8)
+    return codes, scale.t().to(scale_dtype), offset
 
 
 def _shrunk(low: torch.Tensor, high: torch.Tensor, low_factor: float, high_factor: float, float_zero: bool):
