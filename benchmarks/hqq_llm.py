@@ -45,20 +45,28 @@ def variants(group_size: int, args, calibration) -> dict[str, dict]:
 
 
 def speed(threads: int) -> str:
+    """The native kernel (csrc/hqq.c) and the torch steps side by side on one weight, best of three each."""
+    from lowbit import backend, native
     from lowbit.ops.hqq import hqq_quantize
 
+    if native.ensure() is None:
+        raise SystemExit(f"no native library: {native.error()}")
     weight = torch.randn(4096, 4096, generator=torch.Generator().manual_seed(0)) * 0.02
-    hqq_quantize(weight[:64], 64)  # warm-up
-    times, gauge = [], []
-    for _ in range(3):
-        start = time.perf_counter()
-        hqq_quantize(weight, 64)
-        times.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        torch.mul(weight, weight)  # a contention gauge: one memory-bound pass (about 15 ms on an idle Zen 3)
-        gauge.append(time.perf_counter() - start)
-    return (f"hqq_quantize 4096 x 4096, g64, {threads} threads: best {min(times):.3f} s of "
-            f"{[round(t, 3) for t in times]}; one torch.mul over the weight: best {min(gauge) * 1e3:.1f} ms")
+    lines = []
+    for name in ("native", "eager"):
+        backend.set_backend(name)
+        hqq_quantize(weight[:64], 64)  # warm-up
+        times, gauge = [], []
+        for _ in range(3):
+            start = time.perf_counter()
+            hqq_quantize(weight, 64)
+            times.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            torch.mul(weight, weight)  # a contention gauge: one memory-bound pass (about 15 ms on an idle Zen 3)
+            gauge.append(time.perf_counter() - start)
+        lines.append(f"hqq_quantize 4096 x 4096, g64, {threads} threads, {name}: best {min(times):.3f} s of "
+                     f"{[round(t, 3) for t in times]}; one torch.mul over the weight: best {min(gauge) * 1e3:.1f} ms")
+    return "\n".join(lines)
 
 
 def measure(args) -> list[str]:

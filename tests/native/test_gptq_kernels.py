@@ -136,3 +136,23 @@ def test_kernel_declines_what_it_does_not_take(native_backend):
     weight_result = gptq_quantize(huge, torch.eye(64, dtype=torch.float64), 32, torch.float16)
     backend.set_backend("eager")
     assert torch.equal(weight_result.codes, gptq_quantize(huge, torch.eye(64, dtype=torch.float64), 32, torch.float16).codes)
+
+
+@needs_library
+@pytest.mark.parametrize("scale_dtype", SCALE_DTYPES)
+@pytest.mark.parametrize("shape,group", [((130, 256), 64), ((64, 96), 32)])
+def test_hqq_kernel_follows_the_torch_steps(native_backend, scale_dtype, shape, group):
+    from lowbit.ops.hqq import hqq_quantize
+
+    weight = torch.randn(*shape, generator=torch.Generator().manual_seed(group)) * 0.05
+    weight[1, :group] = 0.0  # a group of zeros
+    mine = hqq_quantize(weight, group, scale_dtype)
+    backend.set_backend("eager")
+    theirs = hqq_quantize(weight, group, scale_dtype)
+    for got, want in zip(mine, theirs, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+    assert float((mine.codes == theirs.codes).float().mean()) > 0.999
+    errors = [_weighted_error(weight, *result, group, None, False) for result in (mine, theirs)]
+    assert torch.allclose(errors[0], errors[1], rtol=1e-4, atol=1e-9)  # per group: another step only on a tie
+    plain = _weighted_error(weight, *quantize_groups(weight, group, scale_dtype, search=False), group, None, False)
+    assert bool((errors[0] <= plain * (1 + 1e-6)).all())  # never worse than min-max rounding

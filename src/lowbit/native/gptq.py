@@ -1,9 +1,11 @@
-"""Native int4 group fitting and GPTQ's column loop (csrc/gptq.c): the weight transposed, [inputs, rows], with
+"""Native int4 group fitting, GPTQ's column loop (csrc/gptq.c) and HQQ's fit (csrc/hqq.c): the weight transposed, [inputs, rows], with
 a tile of rows in the vector lanes. Each function returns None where the kernel does not apply (no library,
 tensors not float32 / contiguous / on the CPU, sizes it does not take, values whose scale would leave the storage
 dtype's range), and the caller runs its torch code instead."""
 
 from __future__ import annotations
+
+import ctypes
 
 import torch
 
@@ -68,3 +70,23 @@ def gptq_block(block: torch.Tensor, upper: torch.Tensor, start: int, columns: to
                    offset.data_ptr(), n, k, width, group_size, SCALE_TYPES[scale_dtype], int(search), int(float_zero),
                    int(fixed), threads())  # fmt: skip
     return None if status else errors
+
+
+_HQQ_ARGUMENTS = [POINTER] * 4 + [I64, I64, I64, INT, INT, ctypes.c_double, ctypes.c_double, INT]
+
+
+def hqq_fit(columns: torch.Tensor, group_size: int, scale_dtype: torch.dtype, iterations: int, beta: float,
+            kappa: float):  # fmt: skip
+    """(codes uint8 [N, K], scale [K / g, N] already rounded to ``scale_dtype``, zero point [K / g, N], float32)
+    of the transposed weight ``columns`` [K, N] by ops.hqq's steps at p = 0.5, or None."""
+    entry = function("lb_hqq_fit_f32", _HQQ_ARGUMENTS, INT)
+    if entry is None or columns.dim() != 2 or not _cpu_float32(columns):
+        return None
+    k, n = columns.shape
+    if n == 0 or group_size < 2 or k % group_size or not fits_range(columns, scale_dtype):
+        return None
+    codes = torch.empty(n, k, dtype=torch.uint8)
+    scale, zero = torch.empty(k // group_size, n), torch.empty(k // group_size, n)
+    status = entry(columns.data_ptr(), codes.data_ptr(), scale.data_ptr(), zero.data_ptr(), n, k, group_size,
+                   iterations, SCALE_TYPES[scale_dtype], beta, kappa, threads())  # fmt: skip
+    return None if status else (codes, scale, zero)

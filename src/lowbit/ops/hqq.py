@@ -33,6 +33,9 @@ from typing import NamedTuple
 
 import torch
 
+from lowbit import backend
+from lowbit.errors import FormatError
+from lowbit.native import gptq as native_gptq
 from lowbit.ops.int4 import _group_codes, weight_groups
 
 CODE_MAX = 15.0
@@ -132,7 +135,13 @@ def _stored(groups: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
 
 def hqq_quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.bfloat16,
                  iterations: int = DEFAULT_ITERATIONS, p: float = DEFAULT_P) -> HqqResult:  # fmt: skip
-    """uint8 codes [N, K], scales [N, K / g] (scale_dtype), uint8 zero points [N, K / g] of ``weight``."""
+    """uint8 codes [N, K], scales [N, K / g] (scale_dtype), uint8 zero points [N, K / g] of ``weight``.
+
+    A CPU weight at p = 0.5 runs the native kernel (csrc/hqq.c) once the library is loaded: the same steps, each
+    group's sums in input order (torch picks its own), so a step whose error ties another's may be kept instead."""
+    native = _native_hqq(weight, group_size, scale_dtype, iterations, p)
+    if native is not None:
+        return native
     n, k = weight.shape
     groups, low, high = weight_groups(weight, group_size)
     plain = _group_codes(groups, low, high, scale_dtype)  # min-max rounding: the start and the fallback
@@ -149,6 +158,19 @@ def hqq_quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype
     codes, scale, zero_point = (torch.where(keep, new, old) for new, old in zip(tuned, plain, strict=True))
     return HqqResult(codes.reshape(n, k).to(torch.uint8), scale.squeeze(-1).to(scale_dtype),
                      zero_point.squeeze(-1).to(torch.uint8))  # fmt: skip
+
+
+def _native_hqq(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype, iterations: int, p: float):
+    if p != 0.5 or weight.device.type != "cpu" or not backend.native_ready():
+        return None
+    columns = weight.detach().float().t().contiguous()  # [K, N]
+    if not bool(torch.isfinite(columns).all()):
+        raise FormatError("the weight has NaN or inf values; it cannot be quantized")
+    result = native_gptq.hqq_fit(columns, group_size, scale_dtype, iterations, BETA_START, KAPPA)
+    if result is None:
+        return None
+    codes, scale, zero_point = result
+    return HqqResult(codes, scale.t().to(scale_dtype), zero_point.t().to(torch.uint8))
 
 
 __all__ = ["HqqResult", "hqq_quantize", "kept_residual", "shrink"]

@@ -8,27 +8,9 @@
  * dtype, x * (1 / scale) and round-half-even in the search, value / scale in GPTQ's integer-domain rounding,
  * the error divided by U's diagonal and w - e * u for the later columns. One thing differs: each trial's squared
  * errors are added in input order here, where torch.sum picks a vector order of its own, so two trial ranges
- * whose errors agree to float32 rounding can be chosen differently (tests/ops/test_gptq_native.py counts it). */
+ * whose errors agree to float32 rounding can be chosen differently (tests/native/test_gptq_kernels.py counts it). */
 #include <float.h>
-#include "common.h"
-#include "half.h"
-
-#define TILE 64 /* rows a task works on at once: a 128-column block of them is 32 KB */
-
-enum { SCALE_FLOAT32, SCALE_BFLOAT16, SCALE_FLOAT16 }; /* numbered as lowbit.native.gptq.SCALE_TYPES */
-
-/* v rounded to the scale's storage dtype and widened again (torch's .to(dtype).float(); callers keep |v| within
- * the dtype's range, so nothing saturates). */
-static inline float stored(float v, int type) {
-    if (type == SCALE_BFLOAT16) {
-        uint32_t bits = lb_bits(v);
-        return lb_float(((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16) << 16);
-    }
-    if (type == SCALE_FLOAT16) return lb_float(float32_of_half(float16_of_bits(lb_bits(v))));
-    return v;
-}
-
-static inline float clamp_code(float q) { return q < 0.0f ? 0.0f : (q > 15.0f ? 15.0f : q); }
+#include "int4_groups.h"
 
 typedef struct {
     int64_t group, stride; /* the group's inputs; the distance between two inputs' rows */
