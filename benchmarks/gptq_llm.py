@@ -156,7 +156,7 @@ def smollm2(args) -> None:
               flush=True)  # fmt: skip
 
 
-def minilm(variants: list[str]) -> None:
+def minilm(variants: list[str], group_size: int = 32) -> None:
     from minilm import accuracy, corpus
 
     from lowbit.models.minilm import embed, load_minilm  # noqa: F401
@@ -172,14 +172,14 @@ def minilm(variants: list[str]) -> None:
             method, options = parse_variant(variant)
             candidate = copy.deepcopy(model)
             start = time.perf_counter()
-            if method == "round":
-                lowbit.quantize_(candidate, "int4_weight_only", group_size=32)
+            if method in ("round", "hqq"):  # data-free (round: the default range search unless options say)
+                lowbit.quantize_(candidate, "int4_weight_only", group_size=group_size, method=method, **options)
             else:
-                lowbit.quantize_(candidate, "int4_weight_only", group_size=32, method="gptq", calibration_data=batches,
-                                 **options)  # fmt: skip
+                lowbit.quantize_(candidate, "int4_weight_only", group_size=group_size, method=method,
+                                 calibration_data=batches, **options)  # fmt: skip
             took = time.perf_counter() - start
             result = accuracy(candidate, tokenizer, sentences, pairs, reference)
-            print(f"MiniLM {name} g32 {variant}: cosine mean {result['cos_mean']:.4f} min {result['cos_min']:.4f} "
+            print(f"MiniLM {name} g{group_size} {variant}: cosine mean {result['cos_mean']:.4f} min {result['cos_min']:.4f} "
                   f"spearman {result['spearman']:.4f} ({took:.1f} s)", flush=True)  # fmt: skip
 
 
@@ -200,7 +200,7 @@ def main() -> None:
     for name in ("transformers", "httpx", "urllib3"):
         logging.getLogger(name).setLevel(logging.WARNING)
     if args.minilm:
-        minilm(args.variants)
+        minilm(args.variants, args.group_size)
     else:
         smollm2(args)
 
