@@ -192,3 +192,17 @@ def test_refuses_other_models_and_sizes():
     odd = tiny(hidden=40, heads=4)  # 40 = 20 x 2 works, head_dim 10 does not
     with pytest.raises(ConfigError, match=r"head_dim 10; rotate_heads=False skips it\): no Hadamard matrix of size 10"):
         lowbit.quantize_(odd, "rotate")
+
+
+def test_the_report_header_names_the_rotation():
+    from lowbit.report import quantization_report_analysis_pass
+
+    original = tiny()
+    model = lowbit.quantize_(copy.deepcopy(original), "rotate", online_down=True)
+    assert model.config.lowbit_rotation["hidden_size"] == 48 and model.config.lowbit_rotation["online_down"]
+    model.config.to_json_string()  # the record is plain JSON, saved with the config
+    lowbit.quantize_(model, "int8_weight_only", skip=["lm_head"])
+    report = quantization_report_analysis_pass(model, {"float_model": original, "inputs": [ids()], "histogram_layers": 0,
+                                                       "latency_runs": 1})[1]["report"]  # fmt: skip
+    assert report["header"]["rotation"].startswith("Hadamard 48 (")
+    assert "online before down_proj" in report["header"]["rotation"]

@@ -89,7 +89,8 @@ def awq_scale(root: nn.Module, targets: dict[str, nn.Module], batches: list,
         expanded = group.expand(scale).float()
         for name in group.consumers:
             power[name] = power[name] / expanded.square().to(power[name].device)
-        chosen[group.producer] = {"alpha": alpha, "error_ratio": round(ratio, 4)}
+        chosen[group.producer] = {"alpha": alpha, "error_ratio": round(ratio, 4), "layers": sorted(group.consumers),
+                                  "scale_range": [round(float(scale.min()), 4), round(float(scale.max()), 4)]}
         if (index + 1) % 10 == 0:
             say(f"AWQ {index + 1}/{len(kept)} groups, {time.perf_counter() - start:.0f} s")
     return {"awq": chosen, "awq_skipped": skipped}, power

@@ -92,9 +92,11 @@ def quantize_real(root: nn.Module, recipe: Recipe) -> dict[str, Any]:
         recipe = dataclasses.replace(recipe, calibration_data=batches)
         smoothing = smooth_quant(root, batches, float(recipe.smoothquant), targets)
     factory = _factory(recipe)(root, targets, recipe) if targets else None
-    converted = {}
+    converted, smoothed = {}, _smoothing_records(smoothing)
     for name, module in targets.items():
         new = factory(name, module)
+        if name in smoothed and hasattr(new, "algorithm"):
+            new.algorithm = {**(new.algorithm or {}), **smoothed[name]}
         replace_module(root, name, new)
         converted[name] = type(new).__name__
     info = {"recipe": recipe.name, "quantized": converted, "counts": dict(Counter(converted.values())), **smoothing,
@@ -102,6 +104,13 @@ def quantize_real(root: nn.Module, recipe: Recipe) -> dict[str, Any]:
     note = int8_speed_note(recipe, targets)
     info = {**info, "note": note} if note else info
     return {**info, "kept": kept} if kept else info
+
+
+def _smoothing_records(smoothing: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per smoothed layer: SmoothQuant's alpha and the range of the scales folded in front of it."""
+    ranges = smoothing.get("smoothing_scale_ranges", {})
+    return {layer: {"method": "smoothquant", "alpha": smoothing["smoothquant"], "scale_range": ranges[producer]}
+            for producer, layers in smoothing.get("smoothed", {}).items() for layer in layers}  # fmt: skip
 
 
 def int8_speed_note(recipe: Recipe, targets: dict[str, nn.Module]) -> str | None:
@@ -143,6 +152,50 @@ def _int8_weight_only(root, targets, recipe: Int8WeightOnly):
 
 
 def _int4_weight_only(root, targets, recipe: Int4WeightOnly):
+    factory = _int4_factory(root, targets, recipe)
+    awq_layers = {layer: {"awq_alpha": entry["alpha"], "awq_scale_range": entry["scale_range"]}
+                  for entry in getattr(factory, "info", {}).get("awq", {}).values() for layer in entry["layers"]}
+
+    def stamped(name: str, module: nn.Linear) -> nn.Module:
+        from lowbit.ops import Int4WeightOnlyLinear
+
+        built = factory(name, module)
+        if isinstance(built, Int4WeightOnlyLinear):
+            built.algorithm = {**int4_algorithm(recipe), **awq_layers.get(name, {}), **grid_span(built, module.weight)}
+        return built
+
+    return _with_info(stamped, getattr(factory, "info", {}))
+
+
+def int4_algorithm(recipe: Int4WeightOnly) -> dict[str, Any]:
+    """What an int4 recipe's method is, with the options that shaped its result (for the module's record)."""
+    entry: dict[str, Any] = {"method": recipe.method}
+    if recipe.method == "round":
+        weighted = " (weighted by the inputs)" if recipe.calibration_data is not None else ""
+        entry["method"] = "min-max" if recipe.symmetric or not recipe.search else f"range search{weighted}"
+    if "gptq" in recipe.method:
+        entry.update(damping=recipe.damping, act_order=recipe.act_order, block_size=recipe.block_size)
+    if recipe.method == "hqq":
+        entry["iterations"] = recipe.hqq_iterations
+    return entry
+
+
+def grid_span(module: nn.Module, weight: torch.Tensor) -> dict[str, float]:
+    """The stored grid's span (15 scale steps) over each group's own weight span (widened to hold 0 in the
+    integer zero-point domain): its mean and minimum over the groups with a span, rounded; 1 is min-max, below
+    1 the method clipped the group's ends."""
+    groups = weight.detach().float().reshape(weight.shape[0], -1, module.group_size)
+    low, high = groups.amin(-1), groups.amax(-1)
+    if not module.float_zero:
+        low, high = low.clamp(max=0.0), high.clamp(min=0.0)
+    span, grid = high - low, module.weight_scale.float().to(weight.device) * 15
+    ratio = (grid / span)[span > 0]
+    if ratio.numel() == 0:
+        return {}
+    return {"grid_span_mean": round(float(ratio.mean()), 4), "grid_span_min": round(float(ratio.min()), 4)}
+
+
+def _int4_factory(root, targets, recipe: Int4WeightOnly):
     from lowbit.ops import Int4WeightOnlyLinear
 
     for name, module in targets.items():

@@ -79,6 +79,8 @@ def rotate_model(root: nn.Module, recipe: Rotate) -> dict[str, Any]:
     if online_down:
         size = layers[0].mlp.down_proj.in_features
         info["online_down_factors"] = list(hadamard_factors(size))
+    # kept in the model's config (saved with it by transformers; the report's header reads it)
+    root.config.lowbit_rotation = {key: value for key, value in info.items() if key not in ("recipe", "untied")}
     return info
 
 

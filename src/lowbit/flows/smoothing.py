@@ -242,7 +242,7 @@ def smooth_quant(root: nn.Module, batches, alpha: float, targets: dict[str, nn.M
         groups = kept
     first = {group.producer: next(iter(group.consumers.items())) for group in groups}
     maxima = input_maxima(root, dict(first.values()), list(batches))
-    smoothed = {}
+    smoothed, ranges = {}, {}
     for group in groups:
         consumer = first[group.producer][0]
         if consumer not in maxima:
@@ -252,6 +252,8 @@ def smooth_quant(root: nn.Module, batches, alpha: float, targets: dict[str, nn.M
         weight = torch.stack([module.weight.detach().abs().amax(0) for module in group.consumers.values()]).amax(0)
         weight = group.reduce(weight.double().cpu())
         scale = activation.cpu().clamp_min(1e-5).pow(alpha) / weight.clamp_min(1e-5).pow(1 - alpha)
-        fold_scale(group, scale.clamp(1e-5, 1e5))
+        scale = scale.clamp(1e-5, 1e5)
+        fold_scale(group, scale)
         smoothed[group.producer] = sorted(group.consumers)
-    return {"smoothquant": alpha, "smoothed": smoothed, "smoothing_skipped": skipped}
+        ranges[group.producer] = [round(float(scale.min()), 4), round(float(scale.max()), 4)]
+    return {"smoothquant": alpha, "smoothed": smoothed, "smoothing_scale_ranges": ranges, "smoothing_skipped": skipped}

@@ -51,18 +51,28 @@ class RealQuantLinear(DerivedStateMixin, nn.Module):
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
         self.path = "auto"
         self._kernel_state: dict[str, Any] = {}
+        # What chose the codes (the recipe's method, its options and what it measured: flows/real.py), for
+        # reports; saved with the module; None for modules built by hand.
+        self.algorithm: dict[str, Any] | None = None
 
     # ---- (de)serialization contract -------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
-        return {"in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None}
+        config = {"in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None}
+        return config if not self.algorithm else {**config, "algorithm": dict(self.algorithm)}
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> RealQuantLinear:
         """An empty module (zero buffers of the right shapes and dtypes) for ``load_state_dict``."""
+        config = dict(config)
+        algorithm = config.pop("algorithm", None)
+        if algorithm is not None and not isinstance(algorithm, dict):
+            raise ConfigError(f"bad {cls.__name__} config: algorithm={algorithm!r} must be a table")
         try:
-            return cls(**config)
+            module = cls(**config)
         except TypeError as error:
             raise ConfigError(f"bad {cls.__name__} config {config!r}: {error}") from None
+        module.algorithm = algorithm
+        return module
 
     # ---- forward ---------------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -71,7 +71,7 @@ def quantization_report_analysis_pass(graph: QGraph | nn.Module, pass_args: dict
     if gradients_wanted:
         with evaluation_mode(original, quantized):
             _attach_gradients(report["layers"], gradients.gradient_sqnr(quantized, original, layers, batches, labels))
-    report["header"] = build.header(header, report["layers"])
+    report["header"] = build.header({**_rotation_field(quantized), **header}, report["layers"])
     if args["save_dir"] is not None:
         from lowbit.report.files import write_report
 
@@ -207,6 +207,22 @@ def _metric_kind(metric: Any, labels: list[Any] | None, batch_count: int) -> str
     if labels is not None and len(labels) != batch_count:
         raise ReportError(f"{PASS_NAME}: {len(labels)} label batches for {batch_count} input batches")
     return kind
+
+
+def _rotation_field(model: nn.Module) -> dict[str, str]:
+    """{"rotation": ...} for a model that ``lowbit.quantize_(model, "rotate")`` rotated (its config says so)."""
+    record = getattr(getattr(model, "config", None), "lowbit_rotation", None)
+    if not isinstance(record, dict):
+        return {}
+    factors = " x ".join(str(factor) for factor in record.get("hadamard_factors", []))
+    parts = [f"Hadamard {record.get('hidden_size')} ({factors}) on the residual stream"]
+    if record.get("random_signs"):
+        parts.append(f"random signs (seed {record.get('seed')})")
+    if record.get("rotate_heads"):
+        parts.append(f"per-head {record.get('head_dim')} on v / o")
+    if record.get("online_down"):
+        parts.append("online before down_proj")
+    return {"rotation": ", ".join(parts)}
 
 
 def _header_fields(header: Any) -> dict[str, str]:

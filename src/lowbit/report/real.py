@@ -74,7 +74,23 @@ def describe(module: nn.Module) -> str:
     data_in = input_format(module)
     if data_in is not None:
         parts.append(f"data_in: {data_in}")
+    algorithm = algorithm_text(module)
+    if algorithm:
+        parts.append(algorithm)
     return f"{type(module).__name__} ({', '.join(parts)})"
+
+
+def algorithm_text(module: nn.Module) -> str:
+    """What chose the codes, from the module's saved record: "by gptq (damping 0.1, ...; grid span mean 0.93,
+    min 0.7)", or "" for a module without one."""
+    record = dict(getattr(module, "algorithm", None) or {})
+    method = record.pop("method", None)
+    if method is None:
+        return ""
+    spans = [f"{key.replace('_', ' ')} {record.pop(key)}" for key in ("grid_span_mean", "grid_span_min") if key in record]
+    options = [f"{key.replace('_', ' ')} {value}" for key, value in record.items()]
+    detail = "; ".join(part for part in (", ".join(options), ", ".join(spans)) if part)
+    return f"by {method}" + (f" ({detail})" if detail else "")
 
 
 # ---- storage -----------------------------------------------------------------------------------------------
