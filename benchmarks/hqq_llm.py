@@ -1,15 +1,18 @@
-"""HQQ on SmolLM2-135M-Instruct: int4 weight-only perplexity of ``method="hqq"`` against min-max rounding.
+"""HQQ on SmolLM2-135M-Instruct (or Gemma-3-270M: ``--model gemma3``, its BOS token before each window): int4
+weight-only perplexity of ``method="hqq"`` against min-max rounding.
 
 Rows: fp32; int4 ``method="round", search=False`` (plain min-max rounding: the baseline of "closes"); int4
 ``method="round"`` (the default 5 %-step range search); ``method="hqq"``; with ``--gptq`` also
-``method="gptq"`` (``--calibration`` train windows of ``--seqlen`` tokens, one per batch). Every Linear is
+``method="gptq"``, with ``--awq`` ``method="awq"`` and ``"awq+gptq"`` (``--calibration`` train windows of
+``--seqlen`` tokens, one per batch). Every Linear is
 quantized (lm_head included, as in benchmarks/llm.py). Perplexity: ``lowbit.perplexity(model, test_ids,
 seqlen, windows)`` on the wikipedia test split. "closes": ``(plain - row) / (plain - fp32)``. Quantize time:
 the wall time of ``lowbit.quantize_`` (the model copy not included). ``--group-sizes 64 192``: 192 is the
 largest group that divides every in_features of the model (576 and 1536), the nearest to per channel.
 ``--speed`` times :func:`lowbit.ops.hqq.hqq_quantize` on a random 4096 x 4096 weight.
 
-Usage: HF_HUB_OFFLINE=1 python benchmarks/hqq_llm.py [--windows 8] [--seqlen 512] [--threads 2] [--gptq]
+Usage: HF_HUB_OFFLINE=1 python benchmarks/hqq_llm.py [--model smollm2|gemma3] [--windows 8] [--seqlen 512]
+       [--threads 2] [--gptq] [--awq]
        [--group-sizes 64] [--iterations 20] [--speed] [--only hqq --plain 168.7536]
 """
 
@@ -41,6 +44,9 @@ def variants(group_size: int, args, calibration) -> dict[str, dict]:
     }
     if args.gptq:
         rows[f"g{group_size} gptq"] = {"method": "gptq", "calibration_data": calibration}
+    if args.awq:
+        rows[f"g{group_size} awq"] = {"method": "awq", "calibration_data": calibration}
+        rows[f"g{group_size} awq+gptq"] = {"method": "awq+gptq", "calibration_data": calibration}
     return {label: {"group_size": group_size, **options} for label, options in rows.items()}
 
 
@@ -70,13 +76,23 @@ def speed(threads: int) -> str:
 
 
 def measure(args) -> list[str]:
-    tokenizer, fp32 = load_smollm2()
+    if args.model == "gemma3":
+        from lowbit.models.gemma3 import load_gemma3
+
+        tokenizer, fp32 = load_gemma3()
+        bos = tokenizer.bos_token_id
+    else:
+        (tokenizer, fp32), bos = load_smollm2(), None
     test_ids = wikipedia_token_ids(tokenizer, "test")
     calibration = None
-    if args.gptq:
+    if args.gptq or args.awq:
         train = token_windows(wikipedia_token_ids(tokenizer, "train"), args.seqlen, args.calibration)
-        calibration = [window[None] for window in train]
-    fp32_ppl = lowbit.perplexity(fp32, test_ids, args.seqlen, args.windows)
+        calibration = [window[None] if bos is None else torch.cat([torch.tensor([bos]), window])[None] for window in train]
+
+    def perplexity(model) -> float:
+        return lowbit.perplexity(model, test_ids, args.seqlen, args.windows, bos_token_id=bos)
+
+    fp32_ppl = perplexity(fp32)
     lines = ["| int4_weight_only | perplexity | vs fp32 | closes | quantize_ s |", "|---|---|---|---|---|",
              f"| fp32 | {fp32_ppl:.4f} | | | |"]  # fmt: skip
     for group_size in args.group_sizes:
@@ -90,7 +106,7 @@ def measure(args) -> list[str]:
                 warnings.simplefilter("ignore")
                 lowbit.quantize_(model, "int4_weight_only", **options)
             built = time.perf_counter() - start
-            ppl = lowbit.perplexity(model, test_ids, args.seqlen, args.windows)
+            ppl = perplexity(model)
             plain = ppl if plain is None and "search=False" in label else (plain or args.plain)
             closes = "" if plain is None or ppl == plain else f"{(plain - ppl) / (plain - fp32_ppl):.1%}"
             lines.append(f"| {label} | {ppl:.4f} | {ppl / fp32_ppl - 1:+.2%} | {closes} | {built:.1f} |")
@@ -108,6 +124,8 @@ def main() -> None:
     parser.add_argument("--group-sizes", type=int, nargs="+", default=[64])
     parser.add_argument("--iterations", type=int, default=20, help="hqq_iterations")
     parser.add_argument("--gptq", action="store_true")
+    parser.add_argument("--awq", action="store_true", help="awq and awq+gptq rows")
+    parser.add_argument("--model", choices=["smollm2", "gemma3"], default="smollm2")
     parser.add_argument("--only", nargs="+", help="run only the rows whose label has one of these words")
     parser.add_argument("--plain", type=float, help="plain min-max's perplexity from an earlier run, for --only")
     parser.add_argument("--speed", action="store_true", help="only time hqq_quantize on 4096 x 4096")
@@ -117,7 +135,8 @@ def main() -> None:
     if args.speed:
         print(speed(args.threads))
         return
-    print(f"SmolLM2-135M, wikipedia test, perplexity over {args.windows} windows of {args.seqlen} tokens; "
+    name = "Gemma-3-270M (BOS first)" if args.model == "gemma3" else "SmolLM2-135M"
+    print(f"{name}, wikipedia test, perplexity over {args.windows} windows of {args.seqlen} tokens; "
           f"every Linear quantized (lm_head included); closes = share of plain min-max's gap to fp32 removed\n")
     print("\n".join(measure(args)))
 

@@ -18,6 +18,11 @@ pushed into the group is part of its range. Codes, scales and zero points have e
 diag(H); the groups then stay the contiguous groups of the stored layout, with their parameters chosen from
 the weights before any update ("static groups").
 
+On CPU weights under the "auto" / "native" backends each lazy batch runs in C (csrc/gptq.c, the weight
+transposed so a tile of rows sits in the vector lanes): the same element arithmetic, the range search's error
+sums in input order (torch.sum's order is its own), so a group whose trial ranges tie to float32 rounding may
+keep another of them. ``float_zero=True`` fits the float zero-point domain (a float minimum per group).
+
 :func:`lowbit.flows.gptq.blockwise_gptq` runs it over a model block by block (and
 :func:`~lowbit.flows.gptq.sequential_gptq` layer by layer, with whole-model forwards): each layer's H comes
 from inputs that already went through the earlier, quantized layers.
