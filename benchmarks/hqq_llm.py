@@ -2,7 +2,8 @@
 weight-only perplexity of ``method="hqq"`` against min-max rounding.
 
 Rows: fp32; int4 ``method="round", search=False`` (plain min-max rounding: the baseline of "closes"); int4
-``method="round"`` (the default 5 %-step range search); ``method="hqq"``; with ``--gptq`` also
+``method="round"`` (the default 5 %-step range search); ``method="hqq"`` (integer and float zero points); with
+``--gptq`` also
 ``method="gptq"``, with ``--awq`` ``method="awq"`` and ``"awq+gptq"`` (``--calibration`` train windows of
 ``--seqlen`` tokens, one per batch). Every Linear is
 quantized (lm_head included, as in benchmarks/llm.py). Perplexity: ``lowbit.perplexity(model, test_ids,
@@ -41,6 +42,8 @@ def variants(group_size: int, args, calibration) -> dict[str, dict]:
         f"g{group_size} round, search=False (plain min-max)": {"search": False},
         f"g{group_size} round (range search)": {},
         f"g{group_size} hqq": {"method": "hqq", "hqq_iterations": args.iterations},
+        f"g{group_size} hqq, float zero point": {"method": "hqq", "hqq_iterations": args.iterations,
+                                                 "zero_point_domain": "float"},
     }
     if args.gptq:
         rows[f"g{group_size} gptq"] = {"method": "gptq", "calibration_data": calibration}

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
+
+import lowbit
 
 from lowbit.ops import Int4WeightOnlyLinear
 from lowbit.ops.hqq import hqq_quantize, kept_residual, shrink
@@ -106,3 +109,32 @@ def test_kept_residual_is_the_residual_less_its_shrunk_part(p):
     residual = torch.cat([torch.zeros(1), torch.randn(999, generator=torch.Generator().manual_seed(3))])
     expected = residual - shrink(residual, 12.0, p)
     assert torch.allclose(kept_residual(residual, 12.0, p), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_float_form_moves_only_the_zero_point_and_lowers_the_l1_error(scale_dtype):
+    from lowbit.ops.hqq import hqq_float_quantize
+    from lowbit.ops.int4 import quantize_groups
+
+    weight = torch.randn(48, 256, generator=torch.Generator().manual_seed(5)) * 0.05
+    weight[0, :32] = 0.0  # a group with no span
+    codes, scale, minimum = hqq_float_quantize(weight, 32, scale_dtype)
+    assert codes.dtype == torch.uint8 and scale.dtype == minimum.dtype == scale_dtype and int(codes.max()) <= 15
+    plain = quantize_groups(weight, 32, scale_dtype, search=False, float_zero=True)
+    assert torch.equal(scale, plain[1])  # min-max's scale, kept
+    groups = weight.reshape(48, 8, 32)
+    values = codes.float().reshape(48, 8, 32) * scale.float().unsqueeze(-1) + minimum.float().unsqueeze(-1)
+    rounded = torch.round((groups - minimum.float().unsqueeze(-1)) / scale.float().unsqueeze(-1)).clamp(0, 15)
+    assert torch.equal(codes.float().reshape(48, 8, 32), rounded)  # the float domain's rule on the stored values
+    plain_values = plain[0].float().reshape(48, 8, 32) * plain[1].float().unsqueeze(-1) + plain[2].float().unsqueeze(-1)
+    fitted_l1, plain_l1 = ((v - groups).abs().mean() for v in (values, plain_values))
+    assert float(fitted_l1) < 0.97 * float(plain_l1), (fitted_l1, plain_l1)
+    assert torch.equal(values[0, 0], torch.zeros(32))  # the zero group stays exact
+
+
+@torch.no_grad()
+def test_the_recipe_runs_the_float_form():
+    model = nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 32))
+    quantized = lowbit.quantize_(model, "int4_weight_only", method="hqq", zero_point_domain="float")
+    assert quantized[0].float_zero and quantized[0].algorithm["method"] == "hqq"
+    assert torch.isfinite(quantized(torch.randn(4, 128))).all()

@@ -87,7 +87,7 @@ def test_gguf_writes_group_32_float16_as_q4_1_and_other_exports_refuse(tmp_path)
 
 
 def test_recipe_refusals():
-    for options in ({"method": "hqq"}, {"symmetric": True}, {"zero_point_domain": "fp"}):
+    for options in ({"method": "awq"}, {"symmetric": True}, {"zero_point_domain": "fp"}):
         with pytest.raises(ConfigError, match="zero_point_domain|symmetric"):
             lowbit.quantize_(_model(), "int4_weight_only", **{"zero_point_domain": "float", **options})
 

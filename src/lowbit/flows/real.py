@@ -241,13 +241,15 @@ def _with_info(factory, info: dict[str, Any]):
 
 def _hqq_module(module: nn.Linear, recipe: Int4WeightOnly) -> nn.Module:
     from lowbit.ops import Int4WeightOnlyLinear
-    from lowbit.ops.hqq import hqq_quantize
+    from lowbit.ops.hqq import hqq_float_quantize, hqq_quantize
     from lowbit.ops.int4 import SCALE_DTYPES
 
-    result = hqq_quantize(module.weight, recipe.group_size, SCALE_DTYPES[recipe.scale_dtype], recipe.hqq_iterations)
+    fit = hqq_float_quantize if recipe.zero_point_domain == "float" else hqq_quantize
+    result = fit(module.weight, recipe.group_size, SCALE_DTYPES[recipe.scale_dtype], recipe.hqq_iterations)
     return Int4WeightOnlyLinear.from_float(module, group_size=recipe.group_size, scale_dtype=recipe.scale_dtype,
                                            codes=result.codes, scale=result.scale, zero_point=result.zero_point,
-                                           compute_dtype=recipe.compute_dtype)  # fmt: skip
+                                           compute_dtype=recipe.compute_dtype,
+                                           zero_point_domain=recipe.zero_point_domain)  # fmt: skip
 
 
 # llama.cpp's type for a K-quant tensor whose rows are not whole super-blocks of 256 (its quantize tool's rule)

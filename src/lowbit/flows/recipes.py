@@ -116,7 +116,7 @@ class Int4WeightOnly(Recipe):
     "round"; the range search does not apply): the int4 that compressed-tensors writes symmetric and, at group
     32 with float16 scales, GGUF's Q4_0 holds. ``zero_point_domain="float"``: a float offset per group (value
     q * scale + minimum; torchao's and HQQ's default, ggml's Q4_1 at group 32 with float16 scales), methods
-    "round" and "gptq"."""
+    "round", "gptq" and "hqq" (the paper's own form: min-max scale, float zero point fitted)."""
 
     name: ClassVar[str] = "int4_weight_only"
     group_size: int = 32
@@ -137,9 +137,9 @@ class Int4WeightOnly(Recipe):
         _positive_int(self.name, "group_size", self.group_size, even=True)
         _flag(self.name, "symmetric", self.symmetric)
         _choice(self.name, "zero_point_domain", self.zero_point_domain, ("int", "float"))
-        if self.zero_point_domain == "float" and (self.symmetric or self.method not in ("round", "gptq")):
-            raise ConfigError(f"{self.name}: zero_point_domain='float' takes method='round' or 'gptq' and "
-                              "symmetric=False; AWQ / HQQ fit integer zero points")  # fmt: skip
+        if self.zero_point_domain == "float" and (self.symmetric or self.method not in ("round", "gptq", "hqq")):
+            raise ConfigError(f"{self.name}: zero_point_domain='float' takes method='round', 'gptq' or 'hqq' and "
+                              "symmetric=False; AWQ fits integer zero points")  # fmt: skip
         if self.symmetric and self.method != "round":
             raise ConfigError(f"{self.name}: symmetric=True rounds each group plainly; method={self.method!r} "
                               "searches asymmetric grids (use method='round')")  # fmt: skip

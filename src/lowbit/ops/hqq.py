@@ -36,10 +36,11 @@ import torch
 from lowbit import backend
 from lowbit.errors import FormatError
 from lowbit.native import gptq as native_gptq
-from lowbit.ops.int4 import _group_codes, weight_groups
+from lowbit.ops.int4 import _float_group_codes, _group_codes, weight_groups
 
 CODE_MAX = 15.0
 DEFAULT_ITERATIONS, DEFAULT_P, BETA_START, KAPPA = 20, 0.5, 10.0, 1.01
+FLOAT_P = 0.7  # the paper's p for its own (float zero point) form
 BLOCK_ELEMENTS = 1 << 16  # weights per block of rows: the block's temporaries stay in the caches
 
 
@@ -160,6 +161,43 @@ def hqq_quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype
                      zero_point.squeeze(-1).to(torch.uint8))  # fmt: skip
 
 
+def hqq_float_quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.bfloat16,
+                       iterations: int = DEFAULT_ITERATIONS, p: float = FLOAT_P) -> HqqResult:  # fmt: skip
+    """The paper's own form, for the float zero-point domain: each group's scale stays min-max's, its zero point
+    is a float moved by the half-quadratic steps (the mean of ``q - (w - shrink(e)) / scale``); of the zero points
+    met, each group keeps the one of lowest mean |error|. Returns codes [N, K], scales [N, K / g] and the minima
+    -zero * scale [N, K / g] (both in ``scale_dtype``), codes by the float domain's rule for the stored values."""
+    n, k = weight.shape
+    groups, low, high = weight_groups(weight, group_size, widen=False)
+    _, scale, _ = _float_group_codes(groups, low, high, scale_dtype)  # min-max's stored scale, kept
+    spread = high > low  # a group of one value keeps min-max's minimum (itself)
+    inverse = torch.where(spread, 1.0 / scale, torch.ones_like(scale))  # code units per weight unit
+    rows = max(1, BLOCK_ELEMENTS // k)
+    zeros = [_float_zero(groups[i:i + rows], inverse[i:i + rows], -low[i:i + rows] * inverse[i:i + rows],
+                         iterations, p) for i in range(0, n, rows)]  # fmt: skip
+    minimum = torch.where(spread, -torch.cat(zeros) * scale, low).to(scale_dtype).float()
+    codes = torch.round((groups - minimum) * (1.0 / scale)).clamp_(0.0, CODE_MAX)
+    return HqqResult(codes.reshape(n, k).to(torch.uint8), scale.squeeze(-1).to(scale_dtype),
+                     minimum.squeeze(-1).to(scale_dtype))  # fmt: skip
+
+
+def _float_zero(groups: torch.Tensor, inverse: torch.Tensor, zero: torch.Tensor, iterations: int, p: float):
+    """The steps for one block of rows: groups [R, G, g], code units per weight unit and float zero points
+    [R, G, 1]; returns the zero points of lowest mean |error| met."""
+    beta, best_zero, best_error = BETA_START, zero, None
+    for _ in range(iterations):
+        codes = torch.round(groups * inverse + zero).clamp_(0.0, CODE_MAX)
+        error = groups - (codes - zero) / inverse
+        mean_error = error.abs().mean(-1, keepdim=True)
+        if best_error is None:
+            best_zero, best_error = zero, mean_error
+        better = mean_error < best_error
+        best_zero, best_error = torch.where(better, zero, best_zero), torch.minimum(mean_error, best_error)
+        zero = (codes - (groups - shrink(error, beta, p)) * inverse).mean(-1, keepdim=True)
+        beta *= KAPPA
+    return best_zero
+
+
 def _native_hqq(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype, iterations: int, p: float):
     if p != 0.5 or weight.device.type != "cpu" or not backend.native_ready():
         return None
@@ -173,4 +211,4 @@ def _native_hqq(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype,
     return HqqResult(codes, scale.t().to(scale_dtype), zero_point.t().to(torch.uint8))
 
 
-__all__ = ["HqqResult", "hqq_quantize", "kept_residual", "shrink"]
+__all__ = ["HqqResult", "hqq_float_quantize", "hqq_quantize", "kept_residual", "shrink"]
