@@ -127,8 +127,11 @@ def test_the_float_form_moves_only_the_zero_point_and_lowers_the_l1_error(scale_
     rounded = torch.round((groups - minimum.float().unsqueeze(-1)) / scale.float().unsqueeze(-1)).clamp(0, 15)
     assert torch.equal(codes.float().reshape(48, 8, 32), rounded)  # the float domain's rule on the stored values
     plain_values = plain[0].float().reshape(48, 8, 32) * plain[1].float().unsqueeze(-1) + plain[2].float().unsqueeze(-1)
-    fitted_l1, plain_l1 = ((v - groups).abs().mean() for v in (values, plain_values))
-    assert float(fitted_l1) < 0.97 * float(plain_l1), (fitted_l1, plain_l1)
+    low, step = groups.amin(-1, keepdim=True), scale.float().unsqueeze(-1)
+    start_minimum = (-torch.round(-low / step) * step).to(scale_dtype).float()  # the integer start, stored
+    start_values = torch.round((groups - start_minimum) / step).clamp(0, 15) * step + start_minimum
+    fitted_l1, plain_l1, start_l1 = ((v - groups).abs().mean() for v in (values, plain_values, start_values))
+    assert float(fitted_l1) < float(plain_l1) and float(fitted_l1) < 0.99 * float(start_l1), (fitted_l1, start_l1)
     assert torch.equal(values[0, 0], torch.zeros(32))  # the zero group stays exact
 
 

@@ -164,17 +164,22 @@ def hqq_quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype
 def hqq_float_quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.bfloat16,
                        iterations: int = DEFAULT_ITERATIONS, p: float = FLOAT_P) -> HqqResult:  # fmt: skip
     """The paper's own form, for the float zero-point domain: each group's scale stays min-max's, its zero point
-    is a float moved by the half-quadratic steps (the mean of ``q - (w - shrink(e)) / scale``); of the zero points
-    met, each group keeps the one of lowest mean |error|. Returns codes [N, K], scales [N, K / g] and the minima
-    -zero * scale [N, K / g] (both in ``scale_dtype``), codes by the float domain's rule for the stored values."""
+    starts at min-max's and is a float moved by the half-quadratic steps (the mean of ``q - (w - shrink(e)) /
+    scale``); of the zero points met, each group keeps the one of lowest mean |error|. Returns codes [N, K], scales [N, K / g] and the minima
+    -zero * scale [N, K / g] (both in ``scale_dtype``), codes by the float domain's rule for the stored values.
+
+    Measured (int4 g64, perplexity): a start rounded to an integer (0 on the grid, as AutoAWQ and torchao's HQQ
+    start) gives SmolLM2 151.5 against 161.9 from this start, but Gemma-3-270M 183.5 against 156.9; keeping per
+    group the start whose steps end with the lower mean |error| gives SmolLM2 161.0. This start is kept."""
     n, k = weight.shape
     groups, low, high = weight_groups(weight, group_size, widen=False)
     _, scale, _ = _float_group_codes(groups, low, high, scale_dtype)  # min-max's stored scale, kept
     spread = high > low  # a group of one value keeps min-max's minimum (itself)
     inverse = torch.where(spread, 1.0 / scale, torch.ones_like(scale))  # code units per weight unit
     rows = max(1, BLOCK_ELEMENTS // k)
-    zeros = [_float_zero(groups[i:i + rows], inverse[i:i + rows], -low[i:i + rows] * inverse[i:i + rows],
-                         iterations, p) for i in range(0, n, rows)]  # fmt: skip
+    start = -low * inverse  # min-max's own zero point
+    zeros = [_float_zero(groups[i:i + rows], inverse[i:i + rows], start[i:i + rows], iterations, p)[0]
+             for i in range(0, n, rows)]  # fmt: skip
     minimum = torch.where(spread, -torch.cat(zeros) * scale, low).to(scale_dtype).float()
     codes = torch.round((groups - minimum) * (1.0 / scale)).clamp_(0.0, CODE_MAX)
     return HqqResult(codes.reshape(n, k).to(torch.uint8), scale.squeeze(-1).to(scale_dtype),
@@ -183,7 +188,7 @@ def hqq_float_quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch
 
 def _float_zero(groups: torch.Tensor, inverse: torch.Tensor, zero: torch.Tensor, iterations: int, p: float):
     """The steps for one block of rows: groups [R, G, g], code units per weight unit and float zero points
-    [R, G, 1]; returns the zero points of lowest mean |error| met."""
+    [R, G, 1]; returns the zero points of lowest mean |error| met and that error."""
     beta, best_zero, best_error = BETA_START, zero, None
     for _ in range(iterations):
         codes = torch.round(groups * inverse + zero).clamp_(0.0, CODE_MAX)
@@ -195,7 +200,7 @@ def _float_zero(groups: torch.Tensor, inverse: torch.Tensor, zero: torch.Tensor,
         best_zero, best_error = torch.where(better, zero, best_zero), torch.minimum(mean_error, best_error)
         zero = (codes - (groups - shrink(error, beta, p)) * inverse).mean(-1, keepdim=True)
         beta *= KAPPA
-    return best_zero
+    return best_zero, best_error
 
 
 def _native_hqq(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype, iterations: int, p: float):
