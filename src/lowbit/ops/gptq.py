@@ -30,6 +30,7 @@ from inputs that already went through the earlier, quantized layers.
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import torch
@@ -165,6 +166,8 @@ def _native_wanted(weight: torch.Tensor, scale_dtype: torch.dtype) -> bool:
     machine; GPTQ itself takes far longer) and the column loop runs in C."""
     if weight.device.type != "cpu" or backend.get_backend() not in ("auto", "native"):
         return False
+    if native.library() is None and not native.disabled():
+        logging.getLogger("lowbit").info("GPTQ: loading lowbit's native kernels (built once per machine)")
     return native.ensure() is not None and native_gptq.fits_range(weight, scale_dtype)
 
 
