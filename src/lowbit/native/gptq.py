@@ -1,5 +1,5 @@
-"""Native int4 group fitting, GPTQ's column loop (csrc/gptq.c) and HQQ's fit (csrc/hqq.c): the weight transposed, [inputs, rows], with
-a tile of rows in the vector lanes. Each function returns None where the kernel does not apply (no library,
+"""Native int4 group fitting, GPTQ's column loop (csrc/gptq.c) and HQQ's fit (csrc/hqq.c): the weight
+transposed, [inputs, rows], with a tile of rows in the vector lanes. Each function returns None where the kernel does not apply (no library,
 tensors not float32 / contiguous / on the CPU, sizes it does not take, values whose scale would leave the storage
 dtype's range), and the caller runs its torch code instead."""
 
@@ -25,7 +25,8 @@ def _cpu_float32(*tensors: torch.Tensor | None) -> bool:
 
 
 def fits_range(weight: torch.Tensor, scale_dtype: torch.dtype) -> bool:
-    """Whether the kernels take a weight of this magnitude with scales stored in ``scale_dtype``."""
+    """Whether the kernels take a weight of this magnitude with scales stored in ``scale_dtype`` (never one with
+    NaN or inf: the torch code then raises the error)."""
     return scale_dtype in SCALE_TYPES and float(weight.abs().max()) <= _LARGEST[scale_dtype]
 
 

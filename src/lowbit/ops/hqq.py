@@ -34,7 +34,6 @@ from typing import NamedTuple
 import torch
 
 from lowbit import backend
-from lowbit.errors import FormatError
 from lowbit.native import gptq as native_gptq
 from lowbit.ops.int4 import _float_group_codes, _group_codes, weight_groups
 
@@ -165,8 +164,9 @@ def hqq_float_quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch
                        iterations: int = DEFAULT_ITERATIONS, p: float = FLOAT_P) -> HqqResult:  # fmt: skip
     """The paper's own form, for the float zero-point domain: each group's scale stays min-max's, its zero point
     starts at min-max's and is a float moved by the half-quadratic steps (the mean of ``q - (w - shrink(e)) /
-    scale``); of the zero points met, each group keeps the one of lowest mean |error|. Returns codes [N, K], scales [N, K / g] and the minima
-    -zero * scale [N, K / g] (both in ``scale_dtype``), codes by the float domain's rule for the stored values.
+    scale``); of the zero points met, each group keeps the one of lowest mean |error|. Returns codes [N, K],
+    scales [N, K / g] and the minima -zero * scale [N, K / g] (both in ``scale_dtype``), codes by the float
+    domain's rule for the stored values.
 
     Measured (int4 g64, perplexity): a start rounded to an integer (0 on the grid, as AutoAWQ and torchao's HQQ
     start) gives SmolLM2 151.5 against 161.9 from this start, but Gemma-3-270M 183.5 against 156.9; keeping per
@@ -178,7 +178,7 @@ def hqq_float_quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch
     inverse = torch.where(spread, 1.0 / scale, torch.ones_like(scale))  # code units per weight unit
     rows = max(1, BLOCK_ELEMENTS // k)
     start = -low * inverse  # min-max's own zero point
-    zeros = [_float_zero(groups[i:i + rows], inverse[i:i + rows], start[i:i + rows], iterations, p)[0]
+    zeros = [_float_zero(groups[i:i + rows], inverse[i:i + rows], start[i:i + rows], iterations, p)
              for i in range(0, n, rows)]  # fmt: skip
     minimum = torch.where(spread, -torch.cat(zeros) * scale, low).to(scale_dtype).float()
     codes = torch.round((groups - minimum) * (1.0 / scale)).clamp_(0.0, CODE_MAX)
@@ -188,7 +188,7 @@ def hqq_float_quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch
 
 def _float_zero(groups: torch.Tensor, inverse: torch.Tensor, zero: torch.Tensor, iterations: int, p: float):
     """The steps for one block of rows: groups [R, G, g], code units per weight unit and float zero points
-    [R, G, 1]; returns the zero points of lowest mean |error| met and that error."""
+    [R, G, 1]; returns the zero points of lowest mean |error| met."""
     beta, best_zero, best_error = BETA_START, zero, None
     for _ in range(iterations):
         codes = torch.round(groups * inverse + zero).clamp_(0.0, CODE_MAX)
@@ -200,15 +200,13 @@ def _float_zero(groups: torch.Tensor, inverse: torch.Tensor, zero: torch.Tensor,
         best_zero, best_error = torch.where(better, zero, best_zero), torch.minimum(mean_error, best_error)
         zero = (codes - (groups - shrink(error, beta, p)) * inverse).mean(-1, keepdim=True)
         beta *= KAPPA
-    return best_zero, best_error
+    return best_zero
 
 
 def _native_hqq(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype, iterations: int, p: float):
     if p != 0.5 or weight.device.type != "cpu" or not backend.native_ready():
         return None
-    columns = weight.detach().float().t().contiguous()  # [K, N]
-    if not bool(torch.isfinite(columns).all()):
-        raise FormatError("the weight has NaN or inf values; it cannot be quantized")
+    columns = weight.detach().float().t().contiguous()  # [K, N]; NaN / inf: not taken, the torch code says so
     result = native_gptq.hqq_fit(columns, group_size, scale_dtype, iterations, BETA_START, KAPPA)
     if result is None:
         return None

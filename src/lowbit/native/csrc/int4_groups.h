@@ -13,10 +13,7 @@ enum { SCALE_FLOAT32, SCALE_BFLOAT16, SCALE_FLOAT16 }; /* numbered as lowbit.nat
 /* v rounded to the scale's storage dtype and widened again (torch's .to(dtype).float(); callers keep |v| within
  * the dtype's range, so nothing saturates). */
 static inline float stored(float v, int type) {
-    if (type == SCALE_BFLOAT16) {
-        uint32_t bits = lb_bits(v);
-        return lb_float(((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16) << 16);
-    }
+    if (type == SCALE_BFLOAT16) return lb_float((uint32_t)bfloat16_of(lb_bits(v)) << 16);
     if (type == SCALE_FLOAT16) return lb_float(float32_of_half(float16_of_bits(lb_bits(v))));
     return v;
 }
