@@ -1,4 +1,4 @@
-"""Small model-handling helpers every floor shares: replace a module by its dotted name, turn a data batch
+"""Small model-handling helpers every floor shares: turn a data batch
 into the model's arguments, run batches with hooks, select target modules by kind with skip patterns.
 
 This module sits on the lowest floor (torch and ``lowbit.errors`` only) so that graph passes, real kernels'
@@ -15,13 +15,6 @@ import torch
 from torch import nn
 
 from lowbit.errors import ConfigError
-
-
-def replace_module(root: nn.Module, qualified_name: str, new: nn.Module) -> None:
-    """``root.<qualified_name> = new`` for a dotted name (``encoder.layer.0.output.dense``)."""
-    parent_name, _, child = qualified_name.rpartition(".")
-    parent = root.get_submodule(parent_name) if parent_name else root
-    setattr(parent, child, new)
 
 
 def model_arguments(batch: Any) -> tuple[tuple, dict[str, Any]]:

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit._model import replace_module
 from lowbit.errors import ConfigError, FormatError
 from lowbit.export.gguf_names import PERMUTED_ARCHITECTURES, linear_tensor_names, model_rows
+from lowbit.graph.plan import Ready, apply
 
 HELD_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
@@ -67,7 +67,7 @@ def load_gguf(path: str | os.PathLike, compute_dtype: str | None = None) -> tupl
     names = linear_tensor_names(model, architecture, layers)
     if "output.weight" not in tensors and "token_embd.weight" in tensors:
         names = {name: ("token_embd.weight" if tensor == "output.weight" else tensor) for name, tensor in names.items()}
-    converted, dequantized = {}, {}
+    converted, dequantized, plan = {}, {}, {}
     for module_name, tensor_name in names.items():
         tensor = tensors.get(tensor_name)
         if tensor is None:
@@ -75,11 +75,11 @@ def load_gguf(path: str | os.PathLike, compute_dtype: str | None = None) -> tupl
         kind = tensor.tensor_type.name
         if kind in HELD_TYPES:
             module = model.get_submodule(module_name)
-            replace_module(model, module_name, _ggml_linear(module, tensor, kind, architecture, model.config,
-                                                            compute_dtype))  # fmt: skip
+            plan[module_name] = Ready(_ggml_linear(module, tensor, kind, architecture, model.config, compute_dtype))
             converted[module_name] = kind
         elif kind not in FLOAT_TYPES:
             dequantized[module_name] = kind
+    apply(model, plan)
     if dequantized:
         listed = ", ".join(f"{name} ({kind})" for name, kind in list(dequantized.items())[:4])
         warnings.warn(f"load_gguf: {len(dequantized)} Linear layer(s) are stored in GGUF types lowbit holds no module "

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit._model import replace_module
 from lowbit.errors import LowbitError
 from lowbit.export._errors import SerializationError
+from lowbit.graph.plan import Ready, Simulated, apply, build
 from lowbit.nn.modules import MODULE_FOR_OP, QuantModule
 from lowbit.nn.roles import RoleFormats
 
@@ -101,7 +101,7 @@ def rebuild_modules(model: nn.Module, records: dict[str, Any], registry: dict[st
             model = replacement
             continue
         _existing(model, qualname)
-        replace_module(model, qualname, replacement)
+        apply(model, {qualname: Ready(replacement)})
     return model
 
 
@@ -142,6 +142,6 @@ def _simulated(model: nn.Module, qualname: str, record: dict[str, Any]) -> nn.Mo
     original = _existing(model, qualname) if qualname else model
     try:
         formats = RoleFormats.from_dict(record.get("formats"))
-        return cls.from_float(original, formats)
+        return build(original, Simulated(formats, cls.mase_op), qualname)
     except (LowbitError, KeyError, TypeError, ValueError, AttributeError) as error:
         raise SerializationError(f"module {qualname!r}: cannot rebuild {cls.__name__}: {error}") from None

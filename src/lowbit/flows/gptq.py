@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit._model import replace_module
 from lowbit.errors import ConfigError
 from lowbit.flows.blocks import (
     BlockList,
@@ -34,6 +33,7 @@ from lowbit.flows.blocks import (
     stop_at_blocks,
 )
 from lowbit.flows.recipes import Int4WeightOnly
+from lowbit.graph.plan import Ready, Real, apply, build
 from lowbit.ops.gptq import HessianAccumulator, gptq_quantize
 from lowbit.ops.int4 import SCALE_DTYPES
 
@@ -41,18 +41,16 @@ from lowbit.ops.int4 import SCALE_DTYPES
 def gptq_modules(root: nn.Module, targets: dict[str, nn.Module], recipe: Int4WeightOnly,
                  progress: Callable[[str], None] | None = None) -> dict[str, nn.Module]:  # fmt: skip
     """GPTQ-rounded Int4WeightOnlyLinear for every target, quantized in call order."""
-    from lowbit.ops import Int4WeightOnlyLinear
-
     settings = {"damping": recipe.damping, "block_size": recipe.block_size, "act_order": recipe.act_order}
 
     def quantize_layer(name, module, hessian):
         float_zero = recipe.zero_point_domain == "float"
         result = gptq_quantize(module.weight, hessian, recipe.group_size, SCALE_DTYPES[recipe.scale_dtype],
                                search=recipe.search, float_zero=float_zero, **settings)  # fmt: skip
-        return Int4WeightOnlyLinear.from_float(module, group_size=recipe.group_size, scale_dtype=recipe.scale_dtype,
-                                               codes=result.codes, scale=result.scale, zero_point=result.zero_point,
-                                               compute_dtype=recipe.compute_dtype,
-                                               zero_point_domain=recipe.zero_point_domain)  # fmt: skip
+        options = {"group_size": recipe.group_size, "scale_dtype": recipe.scale_dtype, "codes": result.codes,
+                   "scale": result.scale, "zero_point": result.zero_point, "compute_dtype": recipe.compute_dtype,
+                   "zero_point_domain": recipe.zero_point_domain}  # fmt: skip
+        return build(module, Real(module="Int4WeightOnlyLinear", options=options), name)
 
     progress = progress or logging.getLogger("lowbit").info
     row_mask = padding_mask if recipe.mask_padding else lambda batch: None
@@ -119,8 +117,7 @@ def blockwise_gptq(root: nn.Module, targets: dict[str, nn.Module], batches: Iter
                 done.update(sequential_gptq(root, suffix, range(len(batches)), run_indexed, quantize_layer,
                                             lambda index: masks[index], progress))  # fmt: skip
     except BaseException:
-        for name in done:
-            replace_module(root, name, targets[name])
+        apply(root, {name: Ready(targets[name]) for name in done})
         raise
     return done
 
@@ -141,7 +138,7 @@ def _gptq_blocks(root, found: BlockList, capture: Capture, masks: list, quantize
             stage = _next_stage(block, pending, list(range(len(calls))), run_call, lambda batch: masks[batch], order)
             for name, hessian in stage.items():
                 done[name] = quantize_layer(name, pending.pop(name), hessian)
-                replace_module(root, name, done[name])
+                apply(root, {name: Ready(done[name])})
         if index < len(found.blocks) - 1 or keep_last:
             with torch.no_grad():
                 outputs = [run_call(block, batch) for batch in range(len(calls))]
@@ -214,10 +211,9 @@ def sequential_gptq(root: nn.Module, targets: dict[str, nn.Module], batches: Ite
                          f"{time.perf_counter() - start:.0f} s")  # fmt: skip
             for name, hessian in stage.items():
                 done[name] = quantize_layer(name, pending.pop(name), hessian)
-                replace_module(root, name, done[name])
+                apply(root, {name: Ready(done[name])})
     except BaseException:
-        for name in done:
-            replace_module(root, name, targets[name])
+        apply(root, {name: Ready(targets[name]) for name in done})
         raise
     return done
 

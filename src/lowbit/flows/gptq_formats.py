@@ -27,7 +27,7 @@ from torch import nn
 from lowbit.flows.blocks import call_without_cache
 from lowbit.flows.gptq import blockwise_gptq, padding_mask
 from lowbit.flows.recipes import FormatRecipe
-from lowbit.nn.modules import QuantLinear
+from lowbit.graph.plan import Simulated, build
 from lowbit.nn.roles import RoleFormats
 from lowbit.ops.gptq_formats import column_rounder, gptq_round, settled
 
@@ -55,7 +55,7 @@ def gptq_layers(root: nn.Module, targets: dict[str, nn.Linear], plan: dict[str, 
         spec = plan[name].weight
         rounded = gptq_round(module.weight, hessian, spec, **settings)
         stored, moved[name] = settled(spec, module.weight, rounded)
-        new = QuantLinear.from_float(module, plan[name])
+        new = build(module, Simulated(plan[name], "linear"), name)
         with torch.no_grad():
             new.weight.copy_(stored)
         return new

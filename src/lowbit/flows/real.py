@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit._model import replace_module, run_batches, select_modules
+from lowbit._model import run_batches, select_modules
 from lowbit.errors import ConfigError
 from lowbit.flows.recipes import GGUFWeightOnly, Int4WeightOnly, Int8Dynamic, Int8WeightOnly, Recipe, W8A8Static
 from lowbit.formats import resolve
-from lowbit.nn.modules import QuantLinear
+from lowbit.graph.plan import Entry, Ready, Real, apply, build
 from lowbit.nn.roles import RoleFormats
 
 
@@ -72,12 +72,7 @@ def real_targets(root: nn.Module, recipe: Recipe, conv: bool | str) -> tuple[dic
 
 def linear_from_formats(module: nn.Linear, formats: RoleFormats, **options: Any) -> nn.Module:
     """The real module computing ``formats`` on ``module`` (ConfigError when no kernel runs them)."""
-    from lowbit.ops.from_fake import convert_quant_linear
-
-    new, reason = convert_quant_linear(QuantLinear.from_float(module, formats), **options)
-    if new is None:
-        raise ConfigError(f"no real kernel computes {formats.describe()}: {reason}")
-    return new
+    return build(module, Real(formats=formats, options=options))
 
 
 def quantize_real(root: nn.Module, recipe: Recipe) -> dict[str, Any]:
@@ -92,18 +87,33 @@ def quantize_real(root: nn.Module, recipe: Recipe) -> dict[str, Any]:
         recipe = dataclasses.replace(recipe, calibration_data=batches)
         smoothing = smooth_quant(root, batches, float(recipe.smoothquant), targets)
     factory = _factory(recipe)(root, targets, recipe) if targets else None
-    converted, smoothed = {}, _smoothing_records(smoothing)
-    for name, module in targets.items():
-        new = factory(name, module)
-        if name in smoothed and hasattr(new, "algorithm"):
-            new.algorithm = {**(new.algorithm or {}), **smoothed[name]}
-        replace_module(root, name, new)
-        converted[name] = type(new).__name__
+    smoothed = _smoothing_records(smoothing)
+    plan = {name: _with_record(factory(name, module), smoothed.get(name)) for name, module in targets.items()}
+    converted = apply(root, plan).placed
+    if isinstance(recipe, Int4WeightOnly):
+        _stamp_grid_spans(root, targets)
     info = {"recipe": recipe.name, "quantized": converted, "counts": dict(Counter(converted.values())), **smoothing,
             **getattr(factory, "info", {})}  # fmt: skip
     note = int8_speed_note(recipe, targets)
     info = {**info, "note": note} if note else info
     return {**info, "kept": kept} if kept else info
+
+
+def _with_record(entry: Entry, record: dict[str, Any] | None) -> Entry:
+    """``entry`` with ``record`` added to the record its module will carry."""
+    if not record or not isinstance(entry, (Real, Ready)):
+        return entry
+    return dataclasses.replace(entry, record={**(entry.record or {}), **record})
+
+
+def _stamp_grid_spans(root: nn.Module, targets: dict[str, nn.Module]) -> None:
+    """Each int4 module's record gains its stored grid's span over its float weight's (:func:`grid_span`)."""
+    from lowbit.ops import Int4WeightOnlyLinear
+
+    for name, module in targets.items():
+        placed = root.get_submodule(name)
+        if isinstance(placed, Int4WeightOnlyLinear) and placed.algorithm is not None:
+            placed.algorithm = {**placed.algorithm, **grid_span(placed, module.weight)}
 
 
 def _smoothing_records(smoothing: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -134,21 +144,19 @@ def int8_speed_note(recipe: Recipe, targets: dict[str, nn.Module]) -> str | None
 
 
 def _int8_dynamic(root, targets, recipe: Int8Dynamic):
-    from lowbit.ops import Int8Conv2d
-
     formats = recipe_formats(recipe)
 
     def factory(name, module):
         if isinstance(module, nn.Conv2d):
-            return Int8Conv2d.from_float(module, activation="dynamic", channels_last=recipe.conv_channels_last)
-        return linear_from_formats(module, formats)  # act_bits / granularity: in the data_in format
+            return Real(module="Int8Conv2d", options={"activation": "dynamic", "channels_last": recipe.conv_channels_last})
+        return Real(formats=formats)  # act_bits / granularity: in the data_in format
 
     return factory
 
 
 def _int8_weight_only(root, targets, recipe: Int8WeightOnly):
     formats = recipe_formats(recipe)
-    return lambda name, module: linear_from_formats(module, formats, compute_dtype=recipe.compute_dtype)
+    return lambda name, module: Real(formats=formats, options={"compute_dtype": recipe.compute_dtype})
 
 
 def _int4_weight_only(root, targets, recipe: Int4WeightOnly):
@@ -156,13 +164,8 @@ def _int4_weight_only(root, targets, recipe: Int4WeightOnly):
     awq_layers = {layer: {"awq_alpha": entry["alpha"], "awq_scale_range": entry["scale_range"]}
                   for entry in getattr(factory, "info", {}).get("awq", {}).values() for layer in entry["layers"]}
 
-    def stamped(name: str, module: nn.Linear) -> nn.Module:
-        from lowbit.ops import Int4WeightOnlyLinear
-
-        built = factory(name, module)
-        if isinstance(built, Int4WeightOnlyLinear):
-            built.algorithm = {**int4_algorithm(recipe), **awq_layers.get(name, {}), **grid_span(built, module.weight)}
-        return built
+    def stamped(name: str, module: nn.Linear) -> Entry:
+        return _with_record(factory(name, module), {**int4_algorithm(recipe), **awq_layers.get(name, {})})
 
     return _with_info(stamped, getattr(factory, "info", {}))
 
@@ -196,8 +199,6 @@ def grid_span(module: nn.Module, weight: torch.Tensor) -> dict[str, float]:
 
 
 def _int4_factory(root, targets, recipe: Int4WeightOnly):
-    from lowbit.ops import Int4WeightOnlyLinear
-
     for name, module in targets.items():
         if module.in_features % recipe.group_size:
             raise ConfigError(f"{name}: in_features={module.in_features} is not divisible by group_size="
@@ -214,23 +215,26 @@ def _int4_factory(root, targets, recipe: Int4WeightOnly):
         from lowbit.flows.gptq import gptq_modules
 
         built = gptq_modules(root, targets, recipe)
-        return _with_info(lambda name, module: built[name], awq_info)
+        return _with_info(lambda name, module: Ready(built[name]), awq_info)
     if recipe.method == "hqq":
-        return lambda name, module: _hqq_module(module, recipe)
+        return lambda name, module: _hqq_entry(module, recipe)
     if recipe.zero_point_domain == "float":
         power = input_power(root, targets, recipe.calibration_data) if recipe.calibration_data is not None else {}
-        return lambda name, module: Int4WeightOnlyLinear.from_float(
-            module, group_size=recipe.group_size, scale_dtype=recipe.scale_dtype, search=recipe.search,
-            importance=power.get(name), compute_dtype=recipe.compute_dtype, zero_point_domain="float")  # fmt: skip
+        return lambda name, module: _int4_entry(recipe, search=recipe.search, importance=power.get(name),
+                                                zero_point_domain="float")  # fmt: skip
     if not recipe.search or recipe.symmetric:  # a plain format: the simulated affine 4-bit weight's own codes
         formats = recipe_formats(recipe)
-        return _with_info(lambda name, module: linear_from_formats(module, formats, compute_dtype=recipe.compute_dtype),
+        return _with_info(lambda name, module: Real(formats=formats, options={"compute_dtype": recipe.compute_dtype}),
                           awq_info)  # fmt: skip
     if power is None:
         power = input_power(root, targets, recipe.calibration_data) if recipe.calibration_data is not None else {}
-    return _with_info(lambda name, module: Int4WeightOnlyLinear.from_float(
-        module, group_size=recipe.group_size, scale_dtype=recipe.scale_dtype, search=True,
-        importance=power.get(name), compute_dtype=recipe.compute_dtype), awq_info)  # fmt: skip
+    return _with_info(lambda name, module: _int4_entry(recipe, search=True, importance=power.get(name)), awq_info)
+
+
+def _int4_entry(recipe: Int4WeightOnly, **options: Any) -> Real:
+    """The Int4WeightOnlyLinear entry of the recipe's group size, scale and compute dtypes, plus ``options``."""
+    return Real(module="Int4WeightOnlyLinear", options={"group_size": recipe.group_size, "scale_dtype": recipe.scale_dtype,
+                                                        "compute_dtype": recipe.compute_dtype, **options})  # fmt: skip
 
 
 def _with_info(factory, info: dict[str, Any]):
@@ -239,17 +243,14 @@ def _with_info(factory, info: dict[str, Any]):
     return factory
 
 
-def _hqq_module(module: nn.Linear, recipe: Int4WeightOnly) -> nn.Module:
-    from lowbit.ops import Int4WeightOnlyLinear
+def _hqq_entry(module: nn.Linear, recipe: Int4WeightOnly) -> Real:
     from lowbit.ops.hqq import hqq_float_quantize, hqq_quantize
     from lowbit.ops.int4 import SCALE_DTYPES
 
     fit = hqq_float_quantize if recipe.zero_point_domain == "float" else hqq_quantize
     result = fit(module.weight, recipe.group_size, SCALE_DTYPES[recipe.scale_dtype], recipe.hqq_iterations)
-    return Int4WeightOnlyLinear.from_float(module, group_size=recipe.group_size, scale_dtype=recipe.scale_dtype,
-                                           codes=result.codes, scale=result.scale, zero_point=result.zero_point,
-                                           compute_dtype=recipe.compute_dtype,
-                                           zero_point_domain=recipe.zero_point_domain)  # fmt: skip
+    return _int4_entry(recipe, codes=result.codes, scale=result.scale, zero_point=result.zero_point,
+                       zero_point_domain=recipe.zero_point_domain)
 
 
 # llama.cpp's type for a K-quant tensor whose rows are not whole super-blocks of 256 (its quantize tool's rule)
@@ -269,15 +270,14 @@ def _gguf_weight_only(root, targets, recipe: GGUFWeightOnly):
                               f"({recipe.ggml_type.upper()}'s block); skip it (skip=[{name!r}])")  # fmt: skip
     formats = {recipe.ggml_type: recipe_formats(recipe)}  # the simulated gguf_* weight's own codes
     formats.update({kind: RoleFormats(weight=resolve(f"gguf_{kind}")) for kind in set(fallback.values())})
-    return _with_info(lambda name, module: linear_from_formats(module, formats[fallback.get(name, recipe.ggml_type)],
-                                                               compute_dtype=recipe.compute_dtype),
+    return _with_info(lambda name, module: Real(formats=formats[fallback.get(name, recipe.ggml_type)],
+                                                 options={"compute_dtype": recipe.compute_dtype}),
                       {"gguf_fallback": fallback} if fallback else {})  # fmt: skip
 
 
 def _w8a8_static(root, targets, recipe: W8A8Static):
     from lowbit.calibrate.builders import scale_zero_point
     from lowbit.flows.ptq import calibrate
-    from lowbit.ops import Int8Conv2d
 
     state = recipe.calibration
     if state is None:
@@ -296,11 +296,11 @@ def _w8a8_static(root, targets, recipe: W8A8Static):
         scale, zero_point = scale_zero_point(low, high, 8, signed=state.signed, symmetric=state.symmetric)
         scale, zero_point = float(scale.flatten()[0]), int(zero_point.flatten()[0])
         if isinstance(module, nn.Conv2d):
-            new = Int8Conv2d.from_float(module, activation="static", act_signed=state.signed,
-                                        channels_last=recipe.conv_channels_last)  # fmt: skip
-            return new.set_input_qparams(scale, zero_point)
+            return Real(module="Int8Conv2d", options={"activation": "static", "act_signed": state.signed,
+                                                      "channels_last": recipe.conv_channels_last,
+                                                      "input_qparams": (scale, zero_point)})  # fmt: skip
         data_in = resolve("affine", bits=8, signed=state.signed, scale=scale, zero_point=zero_point)
-        return linear_from_formats(module, RoleFormats(data_in=data_in, weight=_int8_weight()))
+        return Real(formats=RoleFormats(data_in=data_in, weight=_int8_weight()))
 
     return factory
 

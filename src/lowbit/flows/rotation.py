@@ -35,6 +35,7 @@ from torch import nn
 
 from lowbit.errors import ConfigError
 from lowbit.flows.recipes import Rotate
+from lowbit.graph.plan import Ready, apply
 from lowbit.ops.hadamard import OnlineHadamard, Rotation, factor_matrices, hadamard_factors, orthonormal_hadamard
 
 log = logging.getLogger("lowbit")
@@ -173,5 +174,5 @@ def _rotate_layer(layer: nn.Module, q: Rotation, head_dim: int, recipe: Rotate, 
     down_rotation = None
     if online_down:
         down_rotation = Rotation(mlp.down_proj.in_features, where="rotate")
-        layer.mlp = HadamardGatedMLP(mlp)
+        apply(layer, {"mlp": Ready(HadamardGatedMLP(mlp))})
     _write_stream(layer.mlp.down_proj, q, down_rotation)

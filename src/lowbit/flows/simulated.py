@@ -10,11 +10,12 @@ from typing import Any
 
 from torch import nn
 
-from lowbit._model import replace_module, root_module, skip_patterns
+from lowbit._model import root_module, skip_patterns
 from lowbit.errors import ConfigError, LowbitError
 from lowbit.flows.recipes import FormatRecipe, PassArgs
 from lowbit.formats import FormatSpec, resolve
 from lowbit.graph.module_swap import quantize_module_transform_pass, swappable_modules
+from lowbit.graph.plan import MakeReal, Simulated, apply
 from lowbit.nn.modules import MODULE_FOR_OP, QuantLinear
 from lowbit.nn.roles import RoleFormats
 
@@ -26,8 +27,7 @@ def swap_formats(root: nn.Module, plan: dict[str, RoleFormats]) -> dict[str, Any
     if missing:
         raise ConfigError(f"no quantized counterpart for module(s) {missing[:3]} (quantizable module types: "
                           f"{', '.join(cls.float_class.__name__ for cls in MODULE_FOR_OP.values())})")  # fmt: skip
-    for name, formats in plan.items():
-        replace_module(root, name, MODULE_FOR_OP[ops[name]].from_float(root.get_submodule(name), formats))
+    apply(root, {name: Simulated(formats, ops[name]) for name, formats in plan.items()})
     counts = Counter(ops[name] for name in plan)
     return {"quantized": list(plan), "counts": dict(counts)}
 
@@ -113,17 +113,8 @@ def _pass_args_gptq(root: nn.Module, recipe: PassArgs) -> dict[str, Any]:
 
 def to_real(root: nn.Module, skip: Any = ()) -> tuple[dict[str, str], dict[str, str]]:
     """Replace every simulated QuantLinear a kernel computes by its real module: (converted, kept with why)."""
-    from lowbit.ops.from_fake import convert_quant_linear
-
     patterns = skip_patterns(skip)
-    converted, kept = {}, {}
-    for name, module in list(root.named_modules()):
-        if not isinstance(module, QuantLinear) or any(pattern.fullmatch(name) for pattern in patterns):
-            continue
-        new, reason = convert_quant_linear(module)
-        if new is None:
-            kept[name] = reason
-        else:
-            replace_module(root, name, new)
-            converted[name] = type(new).__name__
-    return converted, kept
+    layers = [name for name, module in root.named_modules()
+              if isinstance(module, QuantLinear) and not any(pattern.fullmatch(name) for pattern in patterns)]  # fmt: skip
+    applied = apply(root, {name: MakeReal() for name in layers})
+    return applied.placed, applied.kept

@@ -17,7 +17,7 @@ from torch import nn
 
 from lowbit.errors import ConfigError
 from lowbit.graph.mase_ops import _classify_module
-from lowbit._model import replace_module
+from lowbit.graph.plan import Simulated, apply
 from lowbit.graph.select import Selector
 from lowbit.nn.config import NodeConfig, read_node_config
 from lowbit.nn.modules import MODULE_FOR_OP, QuantModule
@@ -42,8 +42,7 @@ def quantize_module_transform_pass(model: nn.Module, pass_args: dict[str, Any]) 
         else:
             plan.append((name, module, op, parsed.formats))
     _check_named_modules_exist(selector, candidates)
-    for name, module, op, formats in plan:
-        replace_module(model, name, MODULE_FOR_OP[op].from_float(module, formats))
+    apply(model, {name: Simulated(formats, op) for name, _, op, formats in plan})
     counts = Counter(op for _, _, op, _ in plan)
     return model, {"quantized": [name for name, *_ in plan], "skipped": skipped, "counts": dict(counts),
                    "unused_keys": unused}  # fmt: skip

@@ -23,9 +23,9 @@ from typing import Any
 
 from torch import fx, nn
 
-from lowbit._model import replace_module
 from lowbit.errors import ConfigError
 from lowbit.graph.mase_ops import classify
+from lowbit.graph.plan import Simulated, apply
 from lowbit.graph.qgraph import QGraph
 from lowbit.graph.select import Selector
 from lowbit.nn.config import QUANTIZABLE_OPS, read_node_config
@@ -63,8 +63,10 @@ def quantize_transform_pass(graph: QGraph, pass_args: dict[str, Any]) -> tuple[Q
     selector = Selector(pass_args, [n.name for n in candidates], "node name of this graph")
     plan, skipped = _plan(candidates, modules, selector)
     _check_shared_modules(plan)
+    apply(graph.model, {item.node.target: Simulated(item.formats, item.op) for item in plan
+                        if item.node.op == "call_module" and _swappable(item, modules)})  # fmt: skip
     for item in plan:
-        _apply(graph, item, modules)
+        _rewrite_node(item)
     graph.recompile()
     counts = Counter(item.op for item in plan)
     unused = {item.node.name: item.unused for item in plan if item.unused}
@@ -104,15 +106,18 @@ def _check_shared_modules(plan: list[_Planned]) -> None:
                               f"{item.node.name!r} with different quantize configs; give both the same config")  # fmt: skip
 
 
-def _apply(graph: QGraph, item: _Planned, modules: dict[str, nn.Module]) -> None:
+def _swappable(item: _Planned, modules: dict[str, nn.Module]) -> bool:
+    original = modules[item.node.target]
+    if not isinstance(original, MODULE_FOR_OP[item.op].float_class):
+        raise ConfigError(f"node {item.node.name!r}: module {type(original).__name__} is classified {item.op!r} "
+                          f"but is not a {MODULE_FOR_OP[item.op].float_class.__name__}")  # fmt: skip
+    return True
+
+
+def _rewrite_node(item: _Planned) -> None:
+    """A function node retargeted to its quantized function; every quantized node's metadata recorded."""
     node = item.node
-    if node.op == "call_module":
-        original = modules[node.target]
-        if not isinstance(original, MODULE_FOR_OP[item.op].float_class):
-            raise ConfigError(f"node {node.name!r}: module {type(original).__name__} is classified {item.op!r} "
-                              f"but is not a {MODULE_FOR_OP[item.op].float_class.__name__}")  # fmt: skip
-        replace_module(graph.model, node.target, MODULE_FOR_OP[item.op].from_float(original, item.formats))
-    else:
+    if node.op != "call_module":
         if node.target not in QUANT_FUNCTIONS:
             node.meta[ORIGINAL_TARGET] = node.target
         node.target = FUNCTION_FOR_OP[item.op]

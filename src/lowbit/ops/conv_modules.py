@@ -117,8 +117,9 @@ class Int8Conv2d(DerivedStateMixin, nn.Module):
 
     @classmethod
     def from_float(cls, module: nn.Conv2d, activation: str = "dynamic", act_signed: bool = False,
-                   channels_last: bool = False) -> Int8Conv2d:  # fmt: skip
-        """Quantize ``module``'s weight per output channel (symmetric int8, max|w| / 127)."""
+                   channels_last: bool = False, input_qparams: tuple[float, int] | None = None) -> Int8Conv2d:  # fmt: skip
+        """Quantize ``module``'s weight per output channel (symmetric int8, max|w| / 127); ``input_qparams``:
+        a static module's calibrated (scale, zero point), as :meth:`set_input_qparams` takes them."""
         if not isinstance(module, nn.Conv2d):
             raise ConfigError(f"Int8Conv2d.from_float expects an nn.Conv2d, got {type(module).__name__}")
         problem = conv_problem(module)
@@ -135,7 +136,7 @@ class Int8Conv2d(DerivedStateMixin, nn.Module):
         new.weight_scale.copy_(scale)
         if module.bias is not None:
             new.bias.copy_(module.bias.detach())
-        return new
+        return new if input_qparams is None else new.set_input_qparams(*input_qparams)
 
     def set_input_qparams(self, scale: float, zero_point: int) -> Int8Conv2d:
         """The calibrated per-tensor input scale and zero point (``activation="static"`` only)."""

@@ -16,10 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit._model import replace_module
 from lowbit.errors import LowbitError
 from lowbit.graph.module_swap import swappable_modules
-from lowbit.nn.modules import MODULE_FOR_OP
+from lowbit.graph.plan import Ready, Simulated, apply, build
 from lowbit.nn.roles import RoleFormats
 
 
@@ -42,7 +41,7 @@ class Evaluator:
         module = self.modules.get(key)
         if module is None:
             self.cache_misses += 1
-            module = MODULE_FOR_OP[self.ops[name]].from_float(self.float_modules[name], formats).eval()
+            module = build(self.float_modules[name], Simulated(formats, self.ops[name]), name).eval()
             self.modules[key] = module
         else:
             self.cache_hits += 1
@@ -51,10 +50,9 @@ class Evaluator:
     @torch.no_grad()
     def evaluate(self, plan: dict[str, RoleFormats | None]) -> dict[str, float]:
         with self.lock:
-            for name, float_module in self.float_modules.items():
-                formats = plan.get(name)
-                module = float_module if formats is None else self.quantized_module(name, formats)
-                replace_module(self.work, name, module)
+            apply(self.work, {name: Ready(float_module if plan.get(name) is None
+                                          else self.quantized_module(name, plan[name]))
+                              for name, float_module in self.float_modules.items()})  # fmt: skip
             if self.task == "embedding":
                 return self._cosines(self._embed(self.work))
             return self._classify()
