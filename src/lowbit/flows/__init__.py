@@ -8,7 +8,9 @@ convention). ``config`` is a typed recipe (:mod:`lowbit.flows.recipes`), a recip
 format name (``"mxfp4_e2m1"``: that format simulated for every role of every Linear / Conv), a ``{"recipe": ...}`` table, or MASE pass_args.
 ``lowbit.quantize_model`` is the same door returning ``(model, info)``.
 
-Floors inside: ``recipes`` (data) <- ``simulated`` / ``real`` / ``gptq`` / ``ptq`` (handlers) <- this door.
+Floors inside: ``recipes`` (data, and the handler registry) <- ``simulated`` / ``real`` / ``kv_cache`` /
+``rotation`` (handlers, each registered with ``recipes.handles``; ``gptq``, ``awq``, ``smoothing``, ``ptq``
+serve them) <- this door.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from lowbit.flows.recipes import (
     Recipe,
     Rotate,
     W8A8Static,
+    handler_for,
+    handles,
     make_recipe,
     recipe_from_dict,
 )
@@ -44,23 +48,10 @@ log = logging.getLogger("lowbit")
 
 def quantize_model(model: Any, config: Any, **options: Any) -> tuple[Any, dict[str, Any]]:
     """Quantize ``model`` in place by ``config`` (see the module docstring); returns ``(model, info)``."""
-    from lowbit.flows import real, simulated
+    from lowbit.flows import kv_cache, real, rotation, simulated  # noqa: F401 (each registers its recipes' handlers)
 
     recipe = make_recipe(config, **options)
-    if isinstance(recipe, PassArgs):
-        return model, simulated.quantize_pass_args(model, recipe)
-    root = root_module(model)
-    if isinstance(recipe, FormatRecipe):
-        return model, simulated.quantize_format(root, recipe)
-    if isinstance(recipe, KVCache):
-        from lowbit.flows.kv_cache import quantize_kv_cache
-
-        return model, quantize_kv_cache(root, recipe)
-    if isinstance(recipe, Rotate):
-        from lowbit.flows.rotation import rotate_model
-
-        return model, rotate_model(root, recipe)
-    return model, real.quantize_real(root, recipe)
+    return model, handler_for(recipe)(model)
 
 
 def quantized_cache(model: Any) -> Any:
@@ -98,4 +89,4 @@ def describe(model: nn.Module) -> dict[str, str]:
 
 __all__ = ["RECIPES", "REAL_RECIPES", "FormatRecipe", "GGUFQ4_0", "GGUFQ4_1", "GGUFQ8_0", "GGUFWeightOnly",
            "Int4WeightOnly", "Int8Dynamic", "Int8WeightOnly", "KVCache", "PassArgs", "Recipe", "Rotate", "W8A8Static",
-           "describe", "make_recipe", "quantize_", "quantize_model", "quantized_cache", "recipe_from_dict"]  # fmt: skip
+           "describe", "handler_for", "handles", "make_recipe", "quantize_", "quantize_model", "quantized_cache", "recipe_from_dict"]  # fmt: skip

@@ -36,7 +36,7 @@ from torch import nn
 
 from lowbit._model import root_module, skip_patterns
 from lowbit.errors import ConfigError
-from lowbit.flows.recipes import KVCache
+from lowbit.flows.recipes import KVCache, handles
 from lowbit.formats import FormatSpec
 from lowbit.nn.attention import AttentionFormats, AttentionQuantizer, attention_with_probabilities
 
@@ -81,6 +81,7 @@ class AttentionConfigView:
         return f"AttentionConfigView({ATTENTION_NAME} over {self.inner_implementation!r})"
 
 
+@handles(KVCache)
 def quantize_kv_cache(root: nn.Module, recipe: KVCache) -> dict[str, Any]:
     """Install the recipe's attention formats on every attention layer of ``root`` (in place); the info dict."""
     targets = attention_modules(root, recipe.skip)

@@ -18,7 +18,15 @@ from torch import nn
 
 from lowbit._model import run_batches, select_modules
 from lowbit.errors import ConfigError
-from lowbit.flows.recipes import GGUFWeightOnly, Int4WeightOnly, Int8Dynamic, Int8WeightOnly, Recipe, W8A8Static
+from lowbit.flows.recipes import (
+    GGUFWeightOnly,
+    Int4WeightOnly,
+    Int8Dynamic,
+    Int8WeightOnly,
+    Recipe,
+    W8A8Static,
+    handles,
+)
 from lowbit.formats import resolve
 from lowbit.graph.plan import Entry, Ready, Real, apply, build
 from lowbit.nn.roles import RoleFormats
@@ -75,6 +83,7 @@ def linear_from_formats(module: nn.Linear, formats: RoleFormats, **options: Any)
     return build(module, Real(formats=formats, options=options))
 
 
+@handles(Int8Dynamic, Int8WeightOnly, Int4WeightOnly, W8A8Static, GGUFWeightOnly)
 def quantize_real(root: nn.Module, recipe: Recipe) -> dict[str, Any]:
     """Swap ``root``'s layers (in place) by a real recipe; returns the info dict."""
     conv = getattr(recipe, "include_conv", False)

@@ -1,7 +1,10 @@
 """Typed recipes: what :func:`lowbit.quantize_` does to a model, as small serialisable dataclasses.
 
 A recipe is data only (no tensors except calibration batches, which are run-time inputs and never
-serialised); its handler (``flows.real``, ``flows.simulated``) does the work. ``to_dict()`` /
+serialised); its handler does the work. A handler is registered for its recipe classes with
+:func:`handles` beside its code (``flows.real``, ``flows.simulated``, ``flows.kv_cache``, ``flows.rotation``),
+and the door finds it with :func:`handler_for`: a new algorithm is a recipe class here, its handler, and
+the door's import of the handler's module. ``to_dict()`` /
 ``recipe_from_dict()`` round-trip every serialisable field, so a recipe can be written into a TOML pass,
 a saved model's header or a search study. Names: the registry key of each class (``Int8Dynamic.name ==
 "int8_dynamic"``), and any format name (``"mxfp4_e2m1"``) means :class:`FormatRecipe` of that format.
@@ -17,8 +20,10 @@ Granularity has one vocabulary everywhere: ``"tensor"``, ``"channel"`` (per outp
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, ClassVar
 
+from lowbit._model import root_module
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.flows.checks import conv_option, granularity_params  # noqa: F401 (granularity_params: public here too)
 from lowbit.flows.checks import choice as _choice
@@ -34,6 +39,7 @@ class Recipe:
     """Options every recipe has: ``skip`` (regexes fully matched against qualified module names)."""
 
     name: ClassVar[str] = ""
+    builds_real_modules: ClassVar[bool] = False  # whether it swaps layers for real-quantized modules (lowbit.ops)
     skip: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -67,6 +73,7 @@ class Int8Dynamic(Recipe):
     """Real int8: per-channel symmetric int8 weights, activations quantized per token (or tensor) at run time."""
 
     name: ClassVar[str] = "int8_dynamic"
+    builds_real_modules: ClassVar[bool] = True
     act_symmetric: bool = True
     act_granularity: str = "token"
     act_bits: int = 8
@@ -98,6 +105,7 @@ class Int8WeightOnly(Recipe):
     """Real int8 weights (per channel), float activations; ``compute_dtype`` None = the input's dtype."""
 
     name: ClassVar[str] = "int8_weight_only"
+    builds_real_modules: ClassVar[bool] = True
     compute_dtype: str | None = None
 
     def check(self) -> None:
@@ -119,6 +127,7 @@ class Int4WeightOnly(Recipe):
     "round", "gptq" and "hqq" (the paper's own form: min-max scale, float zero point fitted)."""
 
     name: ClassVar[str] = "int4_weight_only"
+    builds_real_modules: ClassVar[bool] = True
     group_size: int = 32
     scale_dtype: str = "bf16"
     search: bool = True
@@ -171,6 +180,7 @@ class GGUFWeightOnly(Recipe):
     picks the type. ``compute_dtype`` None = the input's dtype."""
 
     name: ClassVar[str] = ""
+    builds_real_modules: ClassVar[bool] = True
     ggml_type: ClassVar[str] = ""
     compute_dtype: str | None = None
 
@@ -235,6 +245,7 @@ class W8A8Static(Recipe):
     ``lowbit.ptq.calibrate`` or ``calibration_data`` batches, calibrated here with min-max)."""
 
     name: ClassVar[str] = "w8a8_static"
+    builds_real_modules: ClassVar[bool] = True
     include_conv: bool | str = "auto"  # see conv_option
     conv_channels_last: bool = False
     calibration: Any = None
@@ -408,8 +419,36 @@ class PassArgs(Recipe):
 RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in (Int8Dynamic, Int8WeightOnly, Int4WeightOnly, W8A8Static,
                                                                 GGUFQ4_0, GGUFQ4_1, GGUFQ5_0, GGUFQ8_0, GGUFQ4_K,
                                                                 GGUFQ6_K, FormatRecipe, KVCache, PassArgs, Rotate)}  # fmt: skip
-REAL_RECIPES = ("int8_dynamic", "int8_weight_only", "int4_weight_only", "w8a8_static", "gguf_q4_0", "gguf_q4_1",
-                "gguf_q5_0", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k")  # the gguf_* names are also formats: as a recipe they mean the real GGMLLinear
+REAL_RECIPES = tuple(name for name, cls in RECIPES.items() if cls.builds_real_modules)  # the gguf_* names are also formats: as a recipe they mean the real GGMLLinear
+
+
+Handler = Callable[[Any, Recipe], dict[str, Any]]
+_HANDLERS: dict[type[Recipe], tuple[Handler, bool]] = {}
+
+
+def handles(*recipe_classes: type[Recipe], whole_model: bool = False) -> Callable[[Handler], Handler]:
+    """Register the decorated ``function(model, recipe) -> info`` as the handler of ``recipe_classes`` (and of
+    their subclasses). It gets the nn.Module to change (a QGraph's GraphModule), or with ``whole_model`` the
+    object the user passed."""
+
+    def register(function: Handler) -> Handler:
+        for cls in recipe_classes:
+            if cls in _HANDLERS and _HANDLERS[cls][0] is not function:
+                raise ConfigError(f"recipe {cls.__name__} has a handler already ({_HANDLERS[cls][0].__qualname__})")
+            _HANDLERS[cls] = (function, whole_model)
+        return function
+
+    return register
+
+
+def handler_for(recipe: Recipe) -> Callable[[Any], dict[str, Any]]:
+    """``run(model) -> info``: the registered handler of ``recipe``'s class (the nearest registered base)."""
+    for cls in type(recipe).__mro__:
+        if cls in _HANDLERS:
+            function, whole_model = _HANDLERS[cls]
+            return lambda model: function(model if whole_model else root_module(model), recipe)
+    raise ConfigError(f"recipe {type(recipe).__name__} ({recipe.name!r}) has no handler registered (lowbit.flows."
+                      "recipes.handles); import the module that registers it before quantizing")  # fmt: skip
 
 
 def make_recipe(config: Any, **options: Any) -> Recipe:

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from lowbit.errors import ConfigError
-from lowbit.flows.recipes import Rotate
+from lowbit.flows.recipes import Rotate, handles
 from lowbit.graph.plan import Ready, apply
 from lowbit.ops.hadamard import OnlineHadamard, Rotation, factor_matrices, hadamard_factors, orthonormal_hadamard
 
@@ -59,6 +59,7 @@ class HadamardGatedMLP(nn.Module):
         return self.down_proj(self.hadamard(self.act_fn(self.gate_proj(x)) * self.up_proj(x)))
 
 
+@handles(Rotate)
 def rotate_model(root: nn.Module, recipe: Rotate) -> dict[str, Any]:
     """Rotate ``root`` in place (see the module docstring); returns the info dict."""
     decoder, layers, head_dim = _layout(root)

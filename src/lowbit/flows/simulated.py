@@ -12,7 +12,7 @@ from torch import nn
 
 from lowbit._model import root_module, skip_patterns
 from lowbit.errors import ConfigError, LowbitError
-from lowbit.flows.recipes import FormatRecipe, PassArgs
+from lowbit.flows.recipes import FormatRecipe, PassArgs, handles
 from lowbit.formats import FormatSpec, resolve
 from lowbit.graph.module_swap import quantize_module_transform_pass, swappable_modules
 from lowbit.graph.plan import MakeReal, Simulated, apply
@@ -43,6 +43,7 @@ def format_spec(fmt: Any, params: dict[str, Any], where: str) -> FormatSpec:
         raise ConfigError(f"{where}: {error}") from None
 
 
+@handles(FormatRecipe)
 def quantize_format(root: nn.Module, recipe: FormatRecipe) -> dict[str, Any]:
     """Every role of ``recipe.roles`` of every layer of ``recipe.ops`` in one format (simulated)."""
     spec = format_spec(recipe.format, recipe.params, "format recipe")
@@ -80,6 +81,7 @@ def _format_awq(root: nn.Module, plan: dict[str, RoleFormats], spec: FormatSpec,
     return info
 
 
+@handles(PassArgs, whole_model=True)
 def quantize_pass_args(model: Any, recipe: PassArgs) -> dict[str, Any]:
     """MASE pass_args through the graph pass (a QGraph) or the module-swap pass (an nn.Module); with
     ``recipe.real`` every QuantLinear a kernel computes becomes the real module, the others stay simulated
