@@ -1,5 +1,5 @@
 """Small model-handling helpers every floor shares: turn a data batch
-into the model's arguments, run batches with hooks, select target modules by kind with skip patterns.
+into the model's arguments, run batches with hooks, skip patterns (regexes over qualified names).
 
 This module sits on the lowest floor (torch and ``lowbit.errors`` only) so that graph passes, real kernels'
 drivers, PTQ, the report and the pipeline all use the same rules.
@@ -88,19 +88,6 @@ def skip_patterns(skip: Any) -> list[re.Pattern[str]]:
         return [re.compile(pattern) for pattern in skip]
     except re.error as error:
         raise ConfigError(f"skip={skip!r}: bad regex: {error}") from None
-
-
-def select_modules(root: nn.Module, kinds: tuple[type, ...], skip: Any = None, *,
-                   exact: bool = True) -> dict[str, nn.Module]:  # fmt: skip
-    """name -> module of every module of ``kinds`` (their exact type when ``exact``) not matched by ``skip``."""
-    patterns = skip_patterns(skip)
-    found = {}
-    for name, module in root.named_modules():
-        if not name or any(pattern.fullmatch(name) for pattern in patterns):
-            continue
-        if (type(module) in kinds) if exact else isinstance(module, kinds):
-            found[name] = module
-    return found
 
 
 def root_module(model: Any, who: str = "quantize_") -> nn.Module:

@@ -39,8 +39,7 @@ from lowbit.flows.simulated import swap_formats
 from lowbit.formats import FormatSpec, resolve
 from lowbit.formats.binary import Binary
 from lowbit.formats.ternary import Ternary
-from lowbit.graph.module_swap import swappable_modules
-from lowbit.nn.config import OP_ROLES
+from lowbit.graph.select import select_layers
 from lowbit.nn.roles import RoleFormats
 
 DEFAULT_OPS = ("linear", "conv1d", "conv2d")
@@ -117,10 +116,7 @@ def _check_ranges(ranges: Any, where: str) -> None:
 
 def _targets(model: nn.Module, ops: Iterable[str]) -> dict[str, nn.Module]:
     ops = tuple(ops)
-    for op in ops:
-        if op not in OP_ROLES:
-            raise ConfigError(f"unknown op {op!r}{did_you_mean(op, OP_ROLES)}; ops: {', '.join(OP_ROLES)}")
-    found = {name: module for name, module, op in swappable_modules(model) if op in ops}
+    found = {name: module for name, (module, _) in select_layers(model, ops).items()}
     if not found:
         raise ConfigError(f"the model has no module of the ops {list(ops)}")
     return found

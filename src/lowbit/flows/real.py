@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit._model import run_batches, select_modules
+from lowbit._model import run_batches
 from lowbit.errors import ConfigError
 from lowbit.flows.recipes import (
     GGUFWeightOnly,
@@ -29,6 +29,7 @@ from lowbit.flows.recipes import (
 )
 from lowbit.formats import resolve
 from lowbit.graph.plan import Entry, Ready, Real, apply, build
+from lowbit.graph.select import select_layers
 from lowbit.nn.roles import RoleFormats
 
 
@@ -62,9 +63,9 @@ def real_targets(root: nn.Module, recipe: Recipe, conv: bool | str) -> tuple[dic
     from lowbit.ops.conv_modules import conv_problem
     from lowbit.ops.routes import int8_conv_problem
 
-    kinds = (nn.Linear, nn.Conv2d) if conv is not False else (nn.Linear,)
+    ops = ("linear", "conv2d") if conv is not False else ("linear",)
     targets, kept = {}, {}
-    for name, module in select_modules(root, kinds, recipe.skip).items():
+    for name, (module, _) in select_layers(root, ops, recipe.skip, exact=True).items():
         problem = None
         if isinstance(module, nn.Conv2d):
             problem = conv_problem(module) or (int8_conv_problem(module.weight.device) if conv == "auto" else None)

@@ -10,12 +10,13 @@ from typing import Any
 
 from torch import nn
 
-from lowbit._model import root_module, skip_patterns
+from lowbit._model import root_module
 from lowbit.errors import ConfigError, LowbitError
 from lowbit.flows.recipes import FormatRecipe, PassArgs, handles
 from lowbit.formats import FormatSpec, resolve
-from lowbit.graph.module_swap import quantize_module_transform_pass, swappable_modules
+from lowbit.graph.module_swap import quantize_module_transform_pass
 from lowbit.graph.plan import MakeReal, Simulated, apply
+from lowbit.graph.select import select_layers, swappable_modules
 from lowbit.nn.modules import MODULE_FOR_OP, QuantLinear
 from lowbit.nn.roles import RoleFormats
 
@@ -47,11 +48,8 @@ def format_spec(fmt: Any, params: dict[str, Any], where: str) -> FormatSpec:
 def quantize_format(root: nn.Module, recipe: FormatRecipe) -> dict[str, Any]:
     """Every role of ``recipe.roles`` of every layer of ``recipe.ops`` in one format (simulated)."""
     spec = format_spec(recipe.format, recipe.params, "format recipe")
-    patterns = skip_patterns(recipe.skip)
     plan = {}
-    for name, module, op in swappable_modules(root):
-        if op not in recipe.ops or any(pattern.fullmatch(name) for pattern in patterns):
-            continue
+    for name, (module, op) in select_layers(root, recipe.ops, recipe.skip).items():
         roles = {role: spec for role in recipe.roles if role != "bias" or getattr(module, "bias", None) is not None}
         plan[name] = RoleFormats(**roles)
     if not plan:
@@ -115,8 +113,6 @@ def _pass_args_gptq(root: nn.Module, recipe: PassArgs) -> dict[str, Any]:
 
 def to_real(root: nn.Module, skip: Any = ()) -> tuple[dict[str, str], dict[str, str]]:
     """Replace every simulated QuantLinear a kernel computes by its real module: (converted, kept with why)."""
-    patterns = skip_patterns(skip)
-    layers = [name for name, module in root.named_modules()
-              if isinstance(module, QuantLinear) and not any(pattern.fullmatch(name) for pattern in patterns)]  # fmt: skip
+    layers = [name for name, (module, _) in select_layers(root, ["linear"], skip).items() if isinstance(module, QuantLinear)]
     applied = apply(root, {name: MakeReal() for name in layers})
     return applied.placed, applied.kept

@@ -16,11 +16,10 @@ from typing import Any
 from torch import nn
 
 from lowbit.errors import ConfigError
-from lowbit.graph.mase_ops import _classify_module
 from lowbit.graph.plan import Simulated, apply
-from lowbit.graph.select import Selector
+from lowbit.graph.select import Selector, swappable_modules
 from lowbit.nn.config import NodeConfig, read_node_config
-from lowbit.nn.modules import MODULE_FOR_OP, QuantModule
+from lowbit.nn.modules import MODULE_FOR_OP
 
 
 def quantize_module_transform_pass(model: nn.Module, pass_args: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
@@ -46,27 +45,6 @@ def quantize_module_transform_pass(model: nn.Module, pass_args: dict[str, Any]) 
     counts = Counter(op for _, _, op, _ in plan)
     return model, {"quantized": [name for name, *_ in plan], "skipped": skipped, "counts": dict(counts),
                    "unused_keys": unused}  # fmt: skip
-
-
-def swappable_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
-    """(qualified name, module, mase_op) of every module a quantized module exists for."""
-    found = []
-    for name, module in model.named_modules():
-        if not name:
-            continue
-        op = _classify_module(module).mase_op
-        if op in MODULE_FOR_OP and isinstance(module, MODULE_FOR_OP[op].float_class):
-            if isinstance(module, QuantModule) or type(module) is MODULE_FOR_OP[op].float_class or _plain(module):
-                found.append((name, module, op))
-    return found
-
-
-def _plain(module: nn.Module) -> bool:
-    """A subclass of a torch module that does not override ``forward`` computes the same op: swappable."""
-    for cls in type(module).__mro__:
-        if "forward" in vars(cls):
-            return cls.__module__.startswith("torch.nn")
-    return False
 
 
 def _check_named_modules_exist(selector: Selector, candidates: list[tuple[str, nn.Module, str]]) -> None:

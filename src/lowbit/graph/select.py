@@ -1,4 +1,9 @@
-"""Which config applies to which node or module: MASE's ``by`` = "type" / "name" / "regex_name".
+"""Which layers a quantizing door reaches, and which config applies to each: the one selector.
+
+:func:`select_layers` gives the candidates every door starts from (the layers a quantized module exists
+for, by op, minus ``skip``: regexes fully matched against qualified names); recipes, ``lowbit.ptq``, the
+search and the module-swap pass all take their targets from it. :class:`Selector` then resolves MASE's
+pass_args over those candidates: ``by`` = "type" / "name" / "regex_name".
 
 Shared by the graph pass (keys are mase_op names, fx node names or regexes over node names) and the
 module-swap pass (keys are mase_op names, qualified module names or regexes over them). pass_args are
@@ -17,13 +22,55 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from torch import nn
+
+from lowbit._model import skip_patterns
 from lowbit.errors import ConfigError, did_you_mean
-from lowbit.nn.config import QUANTIZABLE_OPS, ConfigWarning, is_none
+from lowbit.graph.mase_ops import _classify_module
+from lowbit.nn.config import OP_ROLES, QUANTIZABLE_OPS, ConfigWarning, is_none
+from lowbit.nn.modules import MODULE_FOR_OP, QuantModule
 
 BY_MODES = ("type", "name", "regex_name")
 # Top-level keys that are not selectors. "report" is accepted (MASE's TOML has it) and does nothing: the
 # summary is its own pass.
 _RESERVED = ("by", "default", "report")
+
+
+def select_layers(root: nn.Module, ops: Iterable[str] | None = None, skip: Any = None, *,
+                  exact: bool = False) -> dict[str, tuple[nn.Module, str]]:  # fmt: skip
+    """name -> (module, mase op) of every layer of ``root`` of ``ops`` (every quantizable op when None) that
+    no ``skip`` regex fully matches. ``exact`` keeps only layers whose class is the float class itself (the
+    real recipes: a subclass may compute something else); otherwise quantized modules and subclasses that do
+    not override ``forward`` count too."""
+    wanted = None if ops is None else tuple(ops)
+    for op in wanted or ():
+        if op not in OP_ROLES:
+            raise ConfigError(f"unknown op {op!r}{did_you_mean(op, OP_ROLES)}; ops: {', '.join(OP_ROLES)}")
+    patterns = skip_patterns(skip)
+    return {name: (module, op) for name, module, op in swappable_modules(root)
+            if (wanted is None or op in wanted) and not any(pattern.fullmatch(name) for pattern in patterns)
+            and (not exact or type(module) is MODULE_FOR_OP[op].float_class)}  # fmt: skip
+
+
+def swappable_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """(qualified name, module, mase_op) of every module a quantized module exists for."""
+    found = []
+    for name, module in model.named_modules():
+        if not name:
+            continue
+        op = _classify_module(module).mase_op
+        if op in MODULE_FOR_OP and isinstance(module, MODULE_FOR_OP[op].float_class):
+            if isinstance(module, QuantModule) or type(module) is MODULE_FOR_OP[op].float_class or _plain(module):
+                found.append((name, module, op))
+    return found
+
+
+def _plain(module: nn.Module) -> bool:
+    """A subclass of a torch module that does not override ``forward`` computes the same op: swappable."""
+    for cls in type(module).__mro__:
+        if "forward" in vars(cls):
+            return cls.__module__.startswith("torch.nn")
+    return False
 
 
 class Selector:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from lowbit.errors import LowbitError
-from lowbit.graph.module_swap import swappable_modules
+from lowbit.graph.select import swappable_modules
 from lowbit.graph.plan import Ready, Simulated, apply, build
 from lowbit.nn.roles import RoleFormats
 

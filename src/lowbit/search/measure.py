@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from lowbit.errors import ConfigError
-from lowbit.graph.module_swap import swappable_modules
+from lowbit.graph.select import swappable_modules
 from lowbit.nn.roles import RoleFormats
 from lowbit.report.metrics import storage_bits_per_element, storage_bytes
 

@@ -30,7 +30,7 @@ from torch import nn
 
 from lowbit.config.toml_config import na_to_none
 from lowbit.errors import ConfigError, LowbitError
-from lowbit.graph.module_swap import swappable_modules
+from lowbit.graph.select import select_layers
 from lowbit.nn.config import OP_ROLES, is_none, parse_node_config
 from lowbit.nn.roles import RoleFormats
 from lowbit.search.config import SearchConfig
@@ -70,9 +70,7 @@ class SearchSpace:
 
     def __init__(self, root: nn.Module, config: SearchConfig) -> None:
         self.config = config
-        skip = [re.compile(pattern) for pattern in config.skip]
-        self.layers = {name: op for name, _, op in swappable_modules(root)
-                       if op in config.ops and not any(p.fullmatch(name) for p in skip)}  # fmt: skip
+        self.layers = {name: op for name, (_, op) in select_layers(root, config.ops, config.skip).items()}
         self.decisions = self._decisions()
         if not self.decisions:
             raise ConfigError(f"the search space is empty: no layer of the ops {list(config.ops)} has a seed "
