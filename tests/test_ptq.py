@@ -85,9 +85,9 @@ def test_4bit_per_channel_weights_within_one_and_a_half_points(trained, name):
     assert fp32 - int4 <= 1.5, (fp32, int4)
 
 
-@pytest.mark.parametrize("per", ["tensor", "token"])
-def test_int8_dynamic_ptq(trained, per):
-    quantized, info = quantize_dynamic(copy.deepcopy(trained["mlp"]), per=per)
+@pytest.mark.parametrize("granularity", ["tensor", "token"])
+def test_int8_dynamic_ptq(trained, granularity):
+    quantized, info = quantize_dynamic(copy.deepcopy(trained["mlp"]), granularity=granularity)
     assert info["counts"] == {"linear": 3}
     assert abs(accuracy(trained["mlp"]) - accuracy(quantized)) <= 0.5
 

@@ -35,7 +35,8 @@ def test_bad_granularities_are_config_errors(word, group_size, message):
 def test_dynamic_granularity_and_the_older_per_spelling_agree():
     x = torch.randn(5, 64)
     by_word, _ = lowbit.ptq.quantize_dynamic(_model(), granularity="tensor")
-    by_per, _ = lowbit.ptq.quantize_dynamic(_model(), per="tensor")
+    with pytest.warns(DeprecationWarning, match="granularity='tensor'"):
+        by_per, _ = lowbit.ptq.quantize_dynamic(_model(), per="tensor")
     assert by_word[0].formats == by_per[0].formats
     assert torch.equal(by_word(x), by_per(x))
     with pytest.raises(ConfigError, match="disagree"):

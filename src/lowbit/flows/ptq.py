@@ -23,6 +23,7 @@ import dataclasses
 import json
 import logging
 import math
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -251,10 +252,13 @@ def _check_module(name: str, modules: dict[str, nn.Module]) -> None:
 def quantize_dynamic(model: nn.Module, *, bits: int = 8, granularity: str | None = None, weight_bits: int = 8,
                      ops: Iterable[str] = ("linear",), per: str | None = None) -> tuple[nn.Module, dict[str, Any]]:  # fmt: skip
     """Activation scale and zero point from each call's data: ``granularity`` "token" (default: one per
-    last-dim row) or "tensor" (``per=`` is the older spelling of the same word). Simulated; the real-kernel
+    last-dim row) or "tensor" (``per=``, deprecated, is the older spelling of the same word). Simulated; the real-kernel
     counterpart is ``lowbit.quantize_(model, "int8_dynamic")``."""
     if per is not None and granularity is not None and per != granularity:
         raise ConfigError(f"per={per!r} and granularity={granularity!r} disagree; give granularity only")
+    if per is not None:
+        warnings.warn(f"quantize_dynamic: per={per!r} is the older spelling; write granularity={per!r}",
+                      DeprecationWarning, stacklevel=2)  # fmt: skip
     word = granularity or per or "token"
     if word not in ("tensor", "token"):
         raise ConfigError(f"granularity={word!r} is not a dynamic granularity; legal: tensor, token")

@@ -211,8 +211,8 @@ PASSES: dict[str, PassSpec] = {
     "quantize": PassSpec(_quantize, None, graph_only=False),
     "calibrate": PassSpec(_calibrate, _CALIBRATE_KEYS, graph_only=False),
     "quantize_model": PassSpec(_quantize_model, None, graph_only=False),
-    "quantize_dynamic": PassSpec(_dynamic, ("bits", "per", "weight_bits", "ops"), graph_only=False),
-    "quantize_weight_only": PassSpec(_weight_only, ("bits", "group_size", "ops"), graph_only=False),
+    "quantize_dynamic": PassSpec(_dynamic, ("bits", "granularity", "per", "weight_bits", "ops"), graph_only=False),
+    "quantize_weight_only": PassSpec(_weight_only, ("bits", "group_size", "granularity", "ops"), graph_only=False),
     "summarize_quantization": _graph_pass("summarize_quantization_analysis_pass", ("save_dir", "print"), ("save_dir",)),
     "report_node_type": _graph_pass("report_node_type_analysis_pass", ("print",)),
     "report_node_shape": _graph_pass("report_node_shape_analysis_pass", ("print",)),
@@ -254,7 +254,7 @@ _VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
                                                                           "print_table", "print", "profile_output_activation",
                                                                           "gradients")},
     **{key: ("a string", lambda v: isinstance(v, str)) for key in ("save_path", "save_dir", "observer", "metric",
-                                                                    "per", "activation_format", "by")},
+                                                                    "per", "granularity", "activation_format", "by")},
     "ops": ("a list of op names", lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v)),
 }  # fmt: skip
 
