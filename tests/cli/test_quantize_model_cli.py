@@ -116,7 +116,7 @@ def test_gptq_announces_its_wait(trained, capsys):
 @pytest.mark.parametrize("table, expected", [
     ("", "needs recipe"),
     ('recipe = "int9"', "unknown recipe 'int9'"),
-    ('recipe = "int4_weight_only"\ngroup_sise = 32', "unknown key 'group_sise' (did you mean 'group_size'?)"),
+    ('recipe = "int4_weight_only"\ngroup_sise = 32', "unknown option 'group_sise' (did you mean 'group_size'?)"),
     ('recipe = "int4_weight_only"\nscale_dtype = ["bf16"]', "scale_dtype=['bf16']"),
     ('recipe = "int4_weight_only"\nmethod = "gptx"', "method='gptx'"),
     ('recipe = "w8a8_static"\nnum_batches = -1', "num_batches must be a positive integer, got -1"),
@@ -164,3 +164,21 @@ def test_training_a_real_quantized_model_is_refused(trained, lowbit_cli):
     status, _, err = lowbit_cli("train", "digits_mlp", "digits", "--load", str(folder), "--max-epochs", "1")
     assert status == 2 and len(err.strip().splitlines()) == 1
     assert "holds real-quantized layers (fc1, ...), which cannot be trained" in err
+
+
+@pytest.mark.parametrize("recipe, key, value", [
+    ("int4_weight_only", "grup_size", 32), ("int4_weight_only", "group_size", -2), ("int8_dynamic", "act_bitz", 8),
+    ("int8_dynamic", "smoothquant", 1.5), ("mxfp4_e2m1", "rolse", ["weight"]), ("mxfp4_e2m1", "method", "gptx"),
+    ("w8a8_static", "include_conv", "maybe"),
+])  # fmt: skip
+def test_a_bad_option_is_the_same_error_from_python_and_from_toml(lowbit_cli, tmp_path, recipe, key, value):
+    import lowbit
+    from lowbit.errors import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        lowbit.quantize_(torch.nn.Sequential(torch.nn.Linear(64, 8)), recipe, **{key: value})
+    python = str(raised.value).split("; options:")[0]
+    config = tmp_path / "bad.toml"
+    config.write_text(HEAD + f"[passes.quantize_model]\nrecipe = {json.dumps(recipe)}\n{key} = {json.dumps(value)}\n")
+    status, _, err = lowbit_cli("transform", "--config", str(config))
+    assert status == 2 and err.strip().startswith(f"lowbit: error: [passes.quantize_model] {python}"), (python, err)

@@ -473,20 +473,24 @@ def make_recipe(config: Any, **options: Any) -> Recipe:
     from lowbit.formats import list_formats
 
     if config in list_formats():
-        return FormatRecipe(format=config, **_known(FormatRecipe, options))
+        return FormatRecipe(format=config, **_known(FormatRecipe, options, config))
     names = [*REAL_RECIPES, KVCache.name, *list_formats()]
     raise ConfigError(f"unknown recipe or format {config!r}{did_you_mean(config, names)}; recipes: "
                       f"{', '.join((*REAL_RECIPES, KVCache.name))}, or any format name "
                       "(lowbit.list_formats())")  # fmt: skip
 
 
-def _known(cls: type[Recipe], options: dict[str, Any]) -> dict[str, Any]:
+def _known(cls: type[Recipe], options: dict[str, Any], name: str | None = None) -> dict[str, Any]:
     fields = [field.name for field in dataclasses.fields(cls)]
     unknown = [key for key in options if key not in fields]
     if unknown:
-        raise ConfigError(f"recipe {cls.name!r} got unknown option(s) {sorted(unknown)}"
-                          f"{did_you_mean(unknown[0], fields)}; options: {', '.join(fields)}")  # fmt: skip
+        raise ConfigError(unknown_option(name or cls.name, unknown[0], fields))
     return options
+
+
+def unknown_option(recipe: str, key: str, valid: list[str]) -> str:
+    """The one wording of a recipe option nobody knows, from Python and from a TOML table alike."""
+    return f"recipe {recipe!r}: unknown option {key!r}{did_you_mean(key, valid)}; options: {', '.join(valid)}"
 
 
 def recipe_from_dict(data: dict[str, Any]) -> Recipe:

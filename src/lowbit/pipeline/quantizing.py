@@ -80,9 +80,9 @@ def check_quantize_model(args: dict[str, Any]) -> None:
         if key in RUN_TIME_KEYS:
             raise ConfigError(f"{where} {key} cannot be given in a file: the pass takes num_batches batches of the run's dataset")
         if key not in valid:
-            names = [*PIPELINE_KEYS, *valid]
-            raise ConfigError(f"{where} recipe {args['recipe']!r}: unknown key {key!r}{did_you_mean(key, names)}; "
-                              f"valid keys: {', '.join(names)}")  # fmt: skip
+            from lowbit.flows.recipes import unknown_option
+
+            raise ConfigError(f"{where} {unknown_option(args['recipe'], key, [*PIPELINE_KEYS, *valid])}")
     needs_data(args)  # builds the typed recipe: its own check of every value (roles included)
 
 
