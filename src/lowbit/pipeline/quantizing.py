@@ -23,9 +23,9 @@ from typing import Any
 from torch import nn
 
 from lowbit.errors import ConfigError, did_you_mean
+from lowbit.flows.recipes import RUN_TIME_FIELDS as RUN_TIME_KEYS  # objects, never in a file
 
 PIPELINE_KEYS = ("recipe", "num_batches")
-RUN_TIME_KEYS = ("calibration_data", "calibration")  # objects, never in a file
 DEFAULT_BATCHES = 8
 
 
