@@ -23,6 +23,12 @@ MIXED_CONFIG = {
 
 
 @pytest.fixture(scope="session")
+def mixed_config() -> dict:
+    """MIXED_CONFIG for the tests (a fixture: importing a conftest by name finds whichever ran first)."""
+    return MIXED_CONFIG
+
+
+@pytest.fixture(scope="session")
 def toy_model() -> ToyNet:
     torch.manual_seed(0)
     model = ToyNet()

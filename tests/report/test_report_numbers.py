@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import MIXED_CONFIG
 from torch import nn
 
 import lowbit
@@ -117,7 +116,7 @@ def test_clamped_share_counts_values_outside_the_format_range(mixed_graph, toy_m
     assert rows["seq_blocks_2"]["roles"]["bias"]["clamped_share"] is None  # float
 
 
-def test_accuracy_and_sensitivity_match_separately_quantized_models(mixed_graph, toy_model, toy_batches):
+def test_accuracy_and_sensitivity_match_separately_quantized_models(mixed_graph, mixed_config, toy_model, toy_batches):
     batches, labels = toy_batches
     report = _report(mixed_graph, toy_model, batches, labels)
     images, targets = torch.cat(batches), torch.cat(labels)
@@ -131,7 +130,7 @@ def test_accuracy_and_sensitivity_match_separately_quantized_models(mixed_graph,
     assert summary["float_metric"] == accuracy(toy_model) and summary["quantized_metric"] == accuracy(mixed_graph.model)
     ranking = {entry["layer"]: entry["metric"] for entry in report["sensitivity"]}
     for name in PATHS:
-        alone, _ = quantize_transform_pass(QGraph(toy_model), {"by": "name", name: MIXED_CONFIG[name]})
+        alone, _ = quantize_transform_pass(QGraph(toy_model), {"by": "name", name: mixed_config[name]})
         assert ranking[name] == accuracy(alone.model), name
     metrics = [entry["metric"] for entry in report["sensitivity"]]
     assert metrics == sorted(metrics)  # most sensitive first
