@@ -38,6 +38,7 @@ from lowbit._model import root_module, skip_patterns
 from lowbit.errors import ConfigError
 from lowbit.flows.recipes import KVCache, handles
 from lowbit.formats import FormatSpec
+from lowbit.graph.plan import Ready, apply
 from lowbit.nn.attention import AttentionFormats, AttentionQuantizer, attention_with_probabilities
 
 ATTENTION_NAME = "lowbit_quantized"
@@ -93,9 +94,10 @@ def quantize_kv_cache(root: nn.Module, recipe: KVCache) -> dict[str, Any]:
     _register()
     quantized, attention = {}, {}
     for name, module in targets.items():
+        _inner_function(module, _config_of(module)._attn_implementation)  # it exists (ConfigError otherwise)
+    apply(root, {f"{name}.attention_quantizer": Ready(AttentionQuantizer(formats)) for name in targets})
+    for name, module in targets.items():
         inner = _config_of(module)._attn_implementation
-        _inner_function(module, inner)  # the implementation exists (ConfigError otherwise), before any change
-        module.attention_quantizer = AttentionQuantizer(formats)
         if not isinstance(module.config, AttentionConfigView):
             module.config = AttentionConfigView(module.config)
         quantized[name] = f"{type(module).__name__}: {formats.describe()}"

@@ -17,7 +17,7 @@ Entries:
 - :class:`MakeReal`: a layer that is a simulated ``QuantLinear`` already, made real where a kernel computes
   its formats and kept (with the reason) where none does;
 - :class:`Ready`: a module built already (a GPTQ stage's layers, codes read from a file, the float layer
-  put back).
+  put back, an attention layer's new quantizer child).
 
 ``Real`` and ``Ready`` entries may carry ``record``, merged into the real module's ``algorithm`` record
 (what the method did, for the report). Model-level transforms (rotation, SmoothQuant's and AWQ's folded
@@ -99,7 +99,8 @@ def apply(root: nn.Module, plan: Mapping[str, Entry]) -> Applied:
     refusal leaves the model as it was. Returns what was placed and what was kept (MakeReal without a kernel)."""
     built, applied = {}, Applied()
     for name, entry in plan.items():
-        new, reason = _made(root.get_submodule(name), entry, name)
+        layer = None if isinstance(entry, Ready) else root.get_submodule(name)  # a Ready module may add a child
+        new, reason = _made(layer, entry, name)
         if new is None:
             applied.kept[name] = reason
         else:
