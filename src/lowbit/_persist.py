@@ -53,7 +53,8 @@ class Older:
 @dataclasses.dataclass(frozen=True)
 class Schema:
     """One on-disk format. ``name_key`` / ``version_key`` / ``seal_key``: where the layout keeps them (None:
-    it does not, e.g. a cache keyed by its content keeps no version). ``what``: the words messages use."""
+    it does not, e.g. a cache keyed by its content keeps no version). ``what``: the words messages use;
+    ``limit``: the most bytes a file of this format may have."""
 
     name: str
     version: int
@@ -64,6 +65,7 @@ class Schema:
     version_key: str | None = "version"
     seal_key: str | None = "seal"
     limit: int = DEFAULT_LIMIT
+    nonfinite: bool = False  # JSON's NaN / Infinity allowed (a graph's arguments, e.g. masked_fill's -inf)
 
     def readable(self) -> tuple[int, ...]:
         """The versions this lowbit reads, current first."""
@@ -145,7 +147,7 @@ def json_bytes(schema: Schema, fields: Mapping[str, Any], *, version: int | None
     head = {key: value for key, value in ((schema.name_key, schema.name), (schema.version_key, version)) if key}
     doc = {**head, **fields, **({schema.seal_key: PLACEHOLDER} if schema.seal_key else {})}
     try:
-        blob = json.dumps(doc, indent=indent, ensure_ascii=ensure_ascii, allow_nan=False, default=default).encode()
+        blob = json.dumps(doc, indent=indent, ensure_ascii=ensure_ascii, allow_nan=schema.nonfinite, default=default).encode()
     except (TypeError, ValueError) as error:
         raise schema.fail(f"a {schema.what} holds plain data only: {error}") from None
     return seal(schema, blob) if schema.seal_key else blob
@@ -190,7 +192,8 @@ def check_document(schema: Schema, doc: Any, blob: bytes, where: str, *, begin: 
 
 
 def strict_json(text: bytes | str, where: str, schema: Schema, what: str | None = None) -> Any:
-    """JSON without duplicate keys or NaN / Infinity (lowbit writes neither); the schema's error otherwise."""
+    """JSON without duplicate keys, and without NaN / Infinity unless the schema allows them (lowbit writes
+    neither otherwise); the schema's error for anything else."""
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         result = dict(pairs)
@@ -199,6 +202,8 @@ def strict_json(text: bytes | str, where: str, schema: Schema, what: str | None 
         return result
 
     def no_constant(name: str) -> Any:
+        if schema.nonfinite:
+            return float(name)
         raise ValueError(f"non-standard constant {name}")
 
     try:
