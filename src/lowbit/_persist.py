@@ -64,7 +64,7 @@ class Schema:
     name_key: str | None = "schema"
     version_key: str | None = "version"
     seal_key: str | None = "seal"
-    limit: int = DEFAULT_LIMIT
+    limit: int | None = DEFAULT_LIMIT  # None: no bound (model weights); still no further than the file's size
     nonfinite: bool = False  # JSON's NaN / Infinity allowed (a graph's arguments, e.g. masked_fill's -inf)
 
     def readable(self) -> tuple[int, ...]:
