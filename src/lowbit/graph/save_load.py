@@ -1,15 +1,15 @@
 """Save a (quantized) QGraph to a directory and load it back, without pickle unless asked.
 
 A saved graph is a folder of three files, published whole (built in a temporary sibling folder, fsynced,
-swapped in with one rename by :func:`lowbit._io.atomic_directory`, so a reader sees the previous save or
+swapped in with one rename by :func:`lowbit._persist.write_folder`, so a reader sees the previous save or
 the new one, never a mixture):
 
 - ``state.safetensors``: every parameter and buffer of the GraphModule by qualified name.
 - ``node_meta.toml``: ``{node_name: node.meta["mase"].parameters}`` (None written as MASE's "NA").
 - ``graph.json``: ``{"schema": "lowbit.graph", "version": 2, ...}`` with the fx nodes, the constructor
   arguments of every module (plus lowbit formats), how each tensor is held, the SHA-256 of the other
-  files, and ``seal_sha256``, the seal of graph.json itself (:func:`lowbit._io.sealed`): any changed byte of any
-  of the files is refused instead of loading a wrong model.
+  files, and ``seal_sha256``, the seal of graph.json itself (its schema, ``GRAPH_SCHEMA``, is declared over
+  :mod:`lowbit._persist`): any changed byte of any of the files is refused instead of loading a wrong model.
 
 Loading rebuilds modules only from torch.nn / lowbit.nn and functions only from an allowlist (see
 :mod:`lowbit.graph._serialize` and :mod:`lowbit.graph._serialize_modules`), and puts the tensors in place after
