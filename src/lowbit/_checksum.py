@@ -1,27 +1,28 @@
 """Checksum sidecars: ``<file>.sha256`` beside a file that cannot hold its own seal (a Lightning / torch
-checkpoint). The sidecar is JSON, ``{"schema": "lowbit.checksum", "version": 1, "sha256": [...]}``: the
+checkpoint, report.json). The sidecar is JSON, ``{"schema": "lowbit.checksum", "version": 1, "sha256": [...]}``
+(the schema :data:`SIDECAR_SCHEMA` of :mod:`lowbit._persist`; it holds digests, so it carries no seal itself): the
 digests the file may have. :func:`write_with_sidecar` lists the new digest and the old one while the file
 is being replaced, then the new one alone, so a crash at any moment leaves a file whose digest is listed.
 
 :func:`verify_sidecar` raises FormatError naming the file on a mismatch; a file without a sidecar (written
 by another tool or an older lowbit) is reported as ``False`` so the caller can warn and go on.
 
-Text files seal themselves instead (:func:`seal_text`: one SHA-256 over every byte, written in place of
+Text files seal themselves instead (:mod:`lowbit._persist`: one SHA-256 over every byte, written in place of
 :data:`lowbit._io.PLACEHOLDER` in a JSON key or a TOML comment).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
-from lowbit._io import (atomic_write_bytes, atomic_write_text, check_regular_file, read_regular_text, seal_matches,
-                        sealed)  # fmt: skip
-from lowbit.errors import FormatError
+from lowbit._io import atomic_write_bytes, check_regular_file
+from lowbit._persist import Schema, decode_json, json_bytes, read_bytes, register
+from lowbit.errors import FormatError, LowbitError
 
 SCHEMA, VERSION, SUFFIX = "lowbit.checksum", 1, ".sha256"
+SIDECAR_SCHEMA = register(Schema(SCHEMA, VERSION, "checksum file", FormatError, seal_key=None, limit=1 << 16))
 
 
 def sidecar_of(path: str | os.PathLike) -> Path:
@@ -64,20 +65,20 @@ def sidecar_text(name: str, data: bytes) -> str:
 
 
 def _sidecar_text(name: str, digests: list[str]) -> str:
-    return json.dumps({"schema": SCHEMA, "version": VERSION, "file": name, "sha256": digests}) + "\n"
+    return json_bytes(SIDECAR_SCHEMA, {"file": name, "sha256": digests}, indent=None).decode() + "\n"
 
 
 def _write_sidecar(path: Path, digests: list[str]) -> None:
-    atomic_write_text(sidecar_of(path), _sidecar_text(path.name, digests))
+    atomic_write_bytes(sidecar_of(path), _sidecar_text(path.name, digests).encode())
 
 
 def _listed(path: Path) -> list[str]:
+    """The digests the sidecar of ``path`` lists; [] when it is missing, damaged or not a sidecar."""
     sidecar = sidecar_of(path)
     try:
-        doc = json.loads(read_regular_text(sidecar, limit=1 << 16))
-    except (OSError, ValueError, UnicodeDecodeError):
+        digests = decode_json(SIDECAR_SCHEMA, read_bytes(SIDECAR_SCHEMA, sidecar), str(sidecar)).fields.get("sha256")
+    except LowbitError:
         return []
-    digests = doc.get("sha256") if isinstance(doc, dict) and doc.get("schema") == SCHEMA else None
     return [d for d in digests if isinstance(d, str)] if isinstance(digests, list) else []
 
 
@@ -100,15 +101,5 @@ def verify_sidecar(path: str | os.PathLike) -> bool:
     return True
 
 
-# ---- seals inside text files (JSON keys, TOML comments) ----------------------------------------------------
-def seal_text(text: str) -> str:
-    """``text`` (holding :data:`lowbit._io.PLACEHOLDER` once) with the placeholder replaced by its seal."""
-    return sealed(text.encode("utf-8")).decode("utf-8")
-
-
-def text_seal_matches(blob: bytes, recorded: object) -> bool:
-    return seal_matches(blob, recorded)
-
-
-__all__ = ["digest_file", "seal_text", "sidecar_of", "sidecar_text", "text_seal_matches", "verify_sidecar",
+__all__ = ["SIDECAR_SCHEMA", "digest_file", "sidecar_of", "sidecar_text", "verify_sidecar",
            "write_sidecar_for", "write_with_sidecar"]  # fmt: skip

@@ -41,7 +41,7 @@ def test_round_trip_and_a_crash_between_the_files_leaves_the_old_save(tmp_path, 
         real(path, data)
 
     real = _io.write_file
-    monkeypatch.setattr("lowbit.pipeline.checkpoints.write_file", crash_on_the_second_write)
+    monkeypatch.setattr("lowbit._persist.write_file", crash_on_the_second_write)  # the folder writer
     with pytest.raises(KeyboardInterrupt):
         save_lowbit(_model(0.5), folder, model_name="toy", dataset="toy_tiny")
     monkeypatch.undo()

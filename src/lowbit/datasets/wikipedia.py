@@ -19,7 +19,6 @@ import bz2
 import functools
 import hashlib
 import importlib.util
-import json
 import os
 import re
 import xml.etree.ElementTree as ElementTree
@@ -28,12 +27,16 @@ from typing import Any
 
 import torch
 
-from lowbit._io import PLACEHOLDER, atomic_write_bytes, seal_matches, sealed
+from lowbit._persist import Schema, decode_json, read_bytes, register, write_json
 from lowbit.errors import ConfigError, LowbitError
 
 SPLITS = ("train", "validation", "test")
 CORPUS_VERSION = 1  # bump when the stripping below changes what the text is
 MAX_CACHE_BYTES = 64 * 2**20  # the stripped corpus is ~3.4 MB; anything far larger is not ours
+# the cache file: sealed JSON {"key", "seal", "articles"}; its version lives in the key (CORPUS_VERSION), so a
+# file of another version is simply another cache
+CACHE_SCHEMA = register(Schema("lowbit.corpus_cache", CORPUS_VERSION, "corpus cache", name_key=None,
+                               version_key=None, limit=MAX_CACHE_BYTES))  # fmt: skip
 INSTALL = "pip install 'lowbit[llm]' (gensim for the dump, mwparserfromhell to strip it)"
 
 
@@ -91,17 +94,15 @@ def _key(path: Path) -> str:
 
 
 def _load_cache(file: Path, key: str) -> list[list[str]] | None:
+    """The cached articles, or None when the file is missing, too large, damaged or of another key."""
     try:
-        if not file.is_file() or file.stat().st_size > MAX_CACHE_BYTES:
-            return None
-        blob = file.read_bytes()
-        data = json.loads(blob)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("key") != key or not seal_matches(blob, data.get("seal")):
+        data = decode_json(CACHE_SCHEMA, read_bytes(CACHE_SCHEMA, file), str(file)).fields
+    except LowbitError:
         return None
     articles = data.get("articles")
-    if not isinstance(articles, list) or not all(isinstance(a, list) and len(a) == 2 for a in articles):
+    if data.get("key") != key or not isinstance(articles, list):
+        return None
+    if not all(isinstance(a, list) and len(a) == 2 for a in articles):
         return None
     return articles
 
@@ -117,9 +118,8 @@ def articles() -> tuple[tuple[str, str], ...]:
     cached = _load_cache(file, key)
     if cached is None:
         cached = [[title, strip_markup(text)] for title, text in _read_pages(path)]
-        blob = json.dumps({"key": key, "seal": PLACEHOLDER, "articles": cached}, ensure_ascii=False).encode()
         try:
-            atomic_write_bytes(file, sealed(blob))
+            write_json(CACHE_SCHEMA, file, {"key": key, "articles": cached}, indent=None, ensure_ascii=False)
         except OSError:  # a read-only cache folder: the text is still right, only slower next time
             pass
     return tuple((title, text) for title, text in cached if text)

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit._io import atomic_write_bytes, read_regular_file
-from lowbit._io import PLACEHOLDER, seal_matches, seal_of, sealed
+from lowbit._io import PLACEHOLDER, atomic_write_bytes, seal_of
+from lowbit._persist import Older, Schema, check_seal, check_version, read_bytes, register, strict_json
+from lowbit._persist import seal as seal_bytes
 from lowbit.errors import LowbitError
 from lowbit.export._errors import SerializationError
 from lowbit.export.records import ModuleClasses, module_records, real_module_classes, rebuild_modules
@@ -34,6 +35,10 @@ METADATA_KEY = "lowbit"
 SEPARATOR = "#"  # QTensor parts are stored as "<name>#codes", "<name>#params.scale", ...
 _PLACEHOLDER = PLACEHOLDER  # where the seal goes; see lowbit._io
 _HEADER_KEYS = ("schema", "schema_version", "kind", "seal_sha256", "entries", "modules")
+# the lowbit header inside the safetensors metadata; its seal covers the whole file (length prefix, header, data)
+FILE_SCHEMA = register(Schema(SCHEMA, SCHEMA_VERSION, "lowbit header", SerializationError, {1: Older(
+    refused="header schema 1, whose checksum covers only the tensor data", remedy="Save the model again.")},
+    version_key="schema_version", seal_key="seal_sha256", limit=None))  # fmt: skip
 
 
 # ---- save -------------------------------------------------------------------------------------------------
@@ -127,10 +132,7 @@ def _serialize(tensors: dict[str, torch.Tensor], header: dict[str, Any]) -> byte
     safetensors_save = _safetensors().save
 
     blob = safetensors_save(tensors, metadata={METADATA_KEY: json.dumps(header, allow_nan=False)})
-    try:
-        return sealed(blob, 8, 8 + int.from_bytes(blob[:8], "little"))
-    except ValueError:
-        raise SerializationError(f"a tensor name contains {_PLACEHOLDER[:8]}..., which lowbit files reserve") from None
+    return seal_bytes(FILE_SCHEMA, blob, 8, 8 + int.from_bytes(blob[:8], "little"))
 
 
 seal = seal_of  # the seal of a lowbit file: see lowbit._io
@@ -162,12 +164,7 @@ def load(path: str | os.PathLike, model: nn.Module | None = None, *, modules: Mo
 
 def read_file(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(validated lowbit header, tensors by key) of a lowbit file."""
-    where = str(path)
-    try:
-        data = read_regular_file(path)
-    except OSError as error:
-        raise SerializationError(f"cannot read {where!r}: {error.strerror or error}") from None
-    return parse(data, where)
+    return parse(read_bytes(FILE_SCHEMA, path), str(path))
 
 
 def parse(data: bytes, where: str = "<bytes>") -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -175,7 +172,7 @@ def parse(data: bytes, where: str = "<bytes>") -> tuple[dict[str, Any], dict[str
     the bytes present and the seal verified before any tensor is made."""
     raw, size = _safetensors_header(data, where)
     header = _lowbit_header(raw, where)
-    _check_seal(data, size, header["seal_sha256"], where)
+    check_seal(FILE_SCHEMA, header["schema_version"], data, header["seal_sha256"], repr(where), begin=8, end=8 + size)
     safetensors_load = _safetensors().load
     try:
         tensors = safetensors_load(data)
@@ -199,20 +196,7 @@ def _safetensors_header(data: bytes, where: str) -> tuple[dict[str, Any], int]:
 
 def _strict_json(text: bytes | str, where: str, what: str) -> Any:
     """JSON without duplicate keys or NaN / Infinity (neither is ever written)."""
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        result = dict(pairs)
-        if len(result) != len(pairs):
-            raise ValueError("duplicate key")
-        return result
-
-    def no_constant(name: str) -> Any:
-        raise ValueError(f"non-standard constant {name}")
-
-    try:
-        return json.loads(text, object_pairs_hook=unique, parse_constant=no_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise SerializationError(f"{where!r} is corrupt or not a lowbit file: {what} is not JSON") from None
+    return strict_json(text, repr(where), FILE_SCHEMA, what)
 
 
 def _check_layout(raw: dict[str, Any], available: int, where: str) -> None:
@@ -271,27 +255,12 @@ def _lowbit_header(raw: dict[str, Any], where: str) -> dict[str, Any]:
         metadata[METADATA_KEY], str) else None  # fmt: skip
     if not isinstance(header, dict) or header.get("schema") != SCHEMA:
         raise SerializationError(f"{where!r}: the lowbit header does not declare schema {SCHEMA!r}")
-    version = header.get("schema_version")
-    if version == 1:
-        raise SerializationError(
-            f"{where!r} was written by an earlier lowbit (header schema 1, whose checksum covers only the tensor "
-            "data): its header cannot be verified, so this lowbit does not read it. Save the model again.")
-    if version != SCHEMA_VERSION:
-        raise SerializationError(
-            f"{where!r} uses lowbit header schema version {version!r}; this lowbit ({_version()}) reads version "
-            f"{SCHEMA_VERSION}"
-        )
+    check_version(FILE_SCHEMA, header.get("schema_version"), repr(where))
     missing = [key for key in _HEADER_KEYS if key not in header]
     if missing or not isinstance(header["entries"], dict) or not isinstance(header["modules"], dict):
         problem = missing or ["entries / modules"]
         raise SerializationError(f"{where!r}: the lowbit header is incomplete (missing or malformed: {problem})")
     return header
-
-
-def _check_seal(data: bytes, size: int, recorded: Any, where: str) -> None:
-    if not seal_matches(data, recorded, 8, 8 + size):
-        raise SerializationError(f"{where!r} is corrupt: its bytes do not match the SHA-256 checksum it was "
-                                 "sealed with")  # fmt: skip
 
 
 def _load_entry(name: str, entry: Any, tensors: dict[str, torch.Tensor]) -> torch.Tensor | QTensor:

@@ -20,8 +20,6 @@ model changed in place, like the graph passes. These are the simulated flows; th
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
 import math
 import warnings
 from collections.abc import Iterable
@@ -31,9 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit._checksum import seal_text, text_seal_matches
-from lowbit._io import PLACEHOLDER, atomic_write_text, read_regular_file
 from lowbit._model import run_batches
+from lowbit._persist import Older, Schema, read_json, register, write_json
 from lowbit.errors import ConfigError, LowbitError, did_you_mean
 from lowbit.flows.recipes import granularity_params
 from lowbit.flows.simulated import swap_formats
@@ -45,7 +42,11 @@ from lowbit.nn.roles import RoleFormats
 
 DEFAULT_OPS = ("linear", "conv1d", "conv2d")
 OBSERVERS = ("min_max", "moving_average", "percentile", "mse", "histogram")
-STATE_VERSION = 2  # 2: sealed (a SHA-256 over the whole file in "seal"); 1: unsealed, loads with a warning
+STATE_VERSION = 2
+# 2: sealed (a SHA-256 over the whole file in "seal"); 1: unsealed, loads with a warning. No name key: the layout
+# of lowbit 0.x had none, and its files must still load.
+STATE_SCHEMA = register(Schema("lowbit.calibration", STATE_VERSION, "calibration state", ConfigError,
+                               {1: Older(unsealed=True)}, name_key=None))  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -67,8 +68,7 @@ class CalibrationState:
 
     def save(self, path: str | Path) -> None:
         """Write the state as JSON, sealed: ``"seal"`` holds a SHA-256 over every byte of the file."""
-        doc = {"version": STATE_VERSION, "seal": PLACEHOLDER, **dataclasses.asdict(self)}
-        atomic_write_text(path, seal_text(json.dumps(doc, indent=1)))
+        write_json(STATE_SCHEMA, path, dataclasses.asdict(self))
 
     @classmethod
     def load(cls, path: str | Path) -> CalibrationState:
@@ -86,21 +86,7 @@ class CalibrationState:
 
 
 def _read_sealed_state(path: Path) -> dict[str, Any]:
-    try:
-        blob = read_regular_file(path)
-        data = json.loads(blob)
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"cannot read calibration state {str(path)!r}: {error}") from None
-    version = data.pop("version", None) if isinstance(data, dict) else None
-    if type(version) is not int or version not in (1, STATE_VERSION):
-        raise ConfigError(f"{str(path)!r} is not a lowbit calibration state (version 1 or {STATE_VERSION})")
-    seal = data.pop("seal", None)
-    if seal is None and version == 1:
-        logging.getLogger("lowbit").warning(f"calibration state {path} has no checksum (an older lowbit wrote it): "
-                                            f"not verified; save it again to seal it")  # fmt: skip
-    elif not text_seal_matches(blob, seal):
-        raise ConfigError(f"calibration state {path} does not match its checksum: the file is corrupt or was edited")
-    return data
+    return read_json(STATE_SCHEMA, path).fields
 
 
 def _check_ranges(ranges: Any, where: str) -> None:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
-from lowbit._io import read_regular_file, seal_matches
+from lowbit._io import read_regular_file
+from lowbit._persist import Older, Schema, read_json, register
 from lowbit.graph._serialize import GraphFileError
 
 SCHEMA, VERSION = "lowbit.graph", 2  # 1: graph.json was not sealed; refused
+GRAPH_SCHEMA = register(Schema(SCHEMA, VERSION, "graph file", GraphFileError, {1: Older(
+    refused="version 1, graph.json not sealed", remedy="Save the graph again")}, seal_key="seal_sha256",
+    nonfinite=True))  # fmt: skip
 GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE = "graph.json", "state.safetensors", "node_meta.toml", "graph_module.pt"
 
 
@@ -30,22 +33,7 @@ def read_files(directory: Path, attempts: int = 3) -> tuple[dict[str, Any], dict
 def read_doc(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise GraphFileError(f"{path} is missing: {path.parent} is not a graph saved by lowbit's save_graph")
-    try:
-        blob = read_regular_file(path)
-        doc = json.loads(blob)
-    except OSError as error:
-        raise GraphFileError(f"{path} cannot be read: {error.strerror or error}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise GraphFileError(f"{path} is not valid JSON (truncated or corrupted?): {error}") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise GraphFileError(f"{path} is not a lowbit graph file (schema must be {SCHEMA!r})")
-    if doc.get("version") == 1:
-        raise GraphFileError(f"{path} was saved by an earlier lowbit (version 1, graph.json not sealed): it cannot "
-                             "be verified, so this lowbit does not read it. Save the graph again")  # fmt: skip
-    if doc.get("version") != VERSION:
-        raise GraphFileError(f"{path} has schema version {doc.get('version')!r}; this lowbit reads version {VERSION}")
-    if not seal_matches(blob, doc.get("seal_sha256")):
-        raise GraphFileError(f"{path} is corrupt: its bytes do not match the SHA-256 checksum it was sealed with")
+    doc = read_json(GRAPH_SCHEMA, path).fields
     files, fmt = doc.get("files"), doc.get("format")
     wanted = {STATE_FILE, META_FILE} | ({PICKLE_FILE} if fmt == "pickle" else set())
     if fmt not in ("fx", "pickle") or not isinstance(files, dict) or set(files) != wanted:

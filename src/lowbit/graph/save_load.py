@@ -1,15 +1,15 @@
 """Save a (quantized) QGraph to a directory and load it back, without pickle unless asked.
 
 A saved graph is a folder of three files, published whole (built in a temporary sibling folder, fsynced,
-swapped in with one rename by :func:`lowbit._io.atomic_directory`, so a reader sees the previous save or
+swapped in with one rename by :func:`lowbit._persist.write_folder`, so a reader sees the previous save or
 the new one, never a mixture):
 
 - ``state.safetensors``: every parameter and buffer of the GraphModule by qualified name.
 - ``node_meta.toml``: ``{node_name: node.meta["mase"].parameters}`` (None written as MASE's "NA").
 - ``graph.json``: ``{"schema": "lowbit.graph", "version": 2, ...}`` with the fx nodes, the constructor
   arguments of every module (plus lowbit formats), how each tensor is held, the SHA-256 of the other
-  files, and ``seal_sha256``, the seal of graph.json itself (:func:`lowbit._io.sealed`): any changed byte of any
-  of the files is refused instead of loading a wrong model.
+  files, and ``seal_sha256``, the seal of graph.json itself (its schema, ``GRAPH_SCHEMA``, is declared over
+  :mod:`lowbit._persist`): any changed byte of any of the files is refused instead of loading a wrong model.
 
 Loading rebuilds modules only from torch.nn / lowbit.nn and functions only from an allowlist (see
 :mod:`lowbit.graph._serialize` and :mod:`lowbit.graph._serialize_modules`), and puts the tensors in place after
@@ -34,10 +34,12 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from lowbit._io import PLACEHOLDER, atomic_directory, atomic_write_text, sealed, write_file
+from lowbit._io import atomic_write_text
+from lowbit._persist import json_bytes, write_folder
 from lowbit.config.toml_config import na_to_none
 from lowbit.errors import LowbitError
-from lowbit.graph._graph_files import GRAPH_FILE, META_FILE, PICKLE_FILE, SCHEMA, STATE_FILE, VERSION, read_files
+from lowbit.graph._graph_files import (GRAPH_FILE, GRAPH_SCHEMA, META_FILE, PICKLE_FILE, SCHEMA, STATE_FILE, VERSION,
+                                      read_files)  # fmt: skip
 from lowbit.graph._place_state import assemble, check_sizes, named_tensors, place_state
 from lowbit.graph._serialize import GraphFileError, NotPortable, decode_nodes, encode_node
 from lowbit.graph._serialize_modules import decode_modules, encode_modules, saveable_path
@@ -64,8 +66,7 @@ def save_graph(graph: QGraph | fx.GraphModule, directory: str | os.PathLike, *, 
     # everything is serialized before the first write, so a failure leaves an earlier save intact
     payloads = {STATE_FILE: _safetensors_bytes(state), META_FILE: node_meta_toml(gm).encode()}
     training = [path for path, module in gm.named_modules(remove_duplicate=False) if module.training]
-    doc: dict[str, Any] = {"schema": SCHEMA, "version": VERSION, "format": "fx", "class_name": type(gm).__name__,
-                           "training": training}  # fmt: skip
+    doc: dict[str, Any] = {"format": "fx", "class_name": type(gm).__name__, "training": training}
     try:
         doc["nodes"], doc["modules"] = _encode_nodes(gm.graph), encode_modules(gm)
     except NotPortable as error:
@@ -76,19 +77,11 @@ def save_graph(graph: QGraph | fx.GraphModule, directory: str | os.PathLike, *, 
         doc.update(format="pickle", pickle_reason=str(error), node_names=[n.name for n in gm.graph.nodes])
     doc["tensors"] = tensors
     doc["files"] = {name: hashlib.sha256(data).hexdigest() for name, data in payloads.items()}
-    doc["seal_sha256"] = PLACEHOLDER
-    try:
-        payloads[GRAPH_FILE] = sealed(json.dumps(doc, indent=1).encode())
-    except ValueError:
-        raise NotPortable(f"a name or argument of the graph contains {PLACEHOLDER[:8]}..., which graph.json "
-                          "reserves for its seal") from None  # fmt: skip
+    payloads[GRAPH_FILE] = json_bytes(GRAPH_SCHEMA, doc)  # sealed: any changed byte of it is refused
     # built in a temporary sibling folder and swapped in whole: a reader (or a crash) sees the previous save
     # or this one; other files in the folder are kept, a stale graph_module.pt is not
     owned = (GRAPH_FILE, STATE_FILE, META_FILE, PICKLE_FILE, *extra)
-    with atomic_directory(directory, owned=owned, last=GRAPH_FILE) as building:  # graph.json commits the save
-        for name, data in {**extra, **payloads}.items():
-            if data is not None:
-                write_file(building / name, data)
+    write_folder(directory, {**extra, **payloads}, owned=owned, last=GRAPH_FILE)  # graph.json commits the save
     return [directory / name for name in (*payloads, *extra) if extra.get(name, b"") is not None]
 
 

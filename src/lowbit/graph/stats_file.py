@@ -9,7 +9,8 @@ Layout (what MASE's profiler run writes, so its files load here and ours load in
 ``<entry>`` is data_in_0, weight, bias, ...; values a stat could not compute are "NA".
 
 Files lowbit writes begin with one comment line, ``# lowbit.statistics version 1 sha256 <seal>``: a
-versioned header and a SHA-256 over every byte of the file (:func:`lowbit._checksum.seal_text`). Being a
+versioned header and a SHA-256 over every byte of the file (the schema :data:`STATISTICS_SCHEMA` over
+:func:`lowbit._persist.comment_header`). Being a
 comment, it leaves the layout MASE reads untouched. A file with the header that does not match it is
 refused (ConfigError naming the file); a file without one (MASE's, or an older lowbit's) loads with a
 warning that it was not verified. An empty file, one cut inside the header line (a prefix of it) and an
@@ -45,15 +46,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lowbit._checksum import seal_text, text_seal_matches
-from lowbit._io import PLACEHOLDER, atomic_write_text, read_regular_text
+from lowbit._io import atomic_write_text, read_regular_text
+from lowbit._persist import Schema, comment_header, read_bytes, read_comment_header, register, seal
 from lowbit.errors import ConfigError, LowbitError
 from lowbit.formats import get_format
 from lowbit.nn.config import OP_ROLES, is_none, parse_node_config
 
 NA = "NA"
 STATS_VERSION, HEADER_MARK = 1, "# lowbit.statistics "
-HEADER = f"{HEADER_MARK}version {STATS_VERSION} sha256"
+STATISTICS_SCHEMA = register(Schema("lowbit.statistics", STATS_VERSION, "statistics file", ConfigError))
 _SCALAR_FIELDS = {"min", "max", "range", "mean", "variance", "abs_mean"}
 _COUNT_FIELDS = {"count", "size_in_bytes"}
 # Fields each known stat must have (other stats are accepted with any well-typed fields).
@@ -94,7 +95,7 @@ def save_statistics(graph: Any, path: str | os.PathLike) -> dict[str, Any]:
 
 def sealed_statistics_text(toml_text: str) -> str:
     """``toml_text`` behind the versioned header line whose seal covers the whole file."""
-    return seal_text(f"{HEADER} {PLACEHOLDER}\n" + toml_text)
+    return seal(STATISTICS_SCHEMA, (comment_header(STATISTICS_SCHEMA) + "\n" + toml_text).encode()).decode()
 
 
 def _plain(value: Any) -> Any:
@@ -115,8 +116,8 @@ def load_statistics(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check a statistics file; ConfigError naming the file, node and key for anything wrong."""
     path = Path(path)
     try:
-        text = read_regular_text(path)  # bytes as written: the seal covers them exactly
-    except (OSError, UnicodeDecodeError) as error:
+        text = read_bytes(STATISTICS_SCHEMA, path).decode("utf-8")  # bytes as written: the seal covers them exactly
+    except UnicodeDecodeError as error:
         raise ConfigError(f"cannot read statistics file {path}: {error}") from None
     _check_header(path, text)
     try:
@@ -129,24 +130,16 @@ def load_statistics(path: str | os.PathLike) -> dict[str, Any]:
 
 def _check_header(path: Path, text: str) -> None:
     """The header line's version and seal (see the module docstring)."""
-    first = text.split("\n", 1)[0]
     if not text.strip() or (len(text) < len(HEADER_MARK) and HEADER_MARK.startswith(text)):
         raise ConfigError(f"statistics file {path} is truncated ({len(text.encode())} bytes): it ends "
                           f"{'before anything' if not text.strip() else 'inside its header line'}")  # fmt: skip
-    if not first.startswith(HEADER_MARK):
-        if not _tables_in(text):  # MASE's files hold a table per node; text without any is no statistics file
-            raise ConfigError(f"statistics file {path} holds no statistics (no [node] table and no lowbit header): "
-                              "it is truncated or not a statistics file")  # fmt: skip
-        logging.getLogger("lowbit").warning(f"statistics file {path} has no lowbit checksum (MASE or an older "
-                                            f"lowbit wrote it): not verified")  # fmt: skip
+    if read_comment_header(STATISTICS_SCHEMA, text, f"statistics file {path}") is not None:
         return
-    words = first[len(HEADER_MARK) :].split()
-    if len(words) != 4 or words[0] != "version" or words[2] != "sha256":
-        raise ConfigError(f"statistics file {path}: its header line is damaged ({first[:80]!r})")
-    if words[1] != str(STATS_VERSION):
-        raise ConfigError(f"statistics file {path} is version {words[1]!r}; this lowbit reads version {STATS_VERSION}")
-    if not text_seal_matches(text.encode("utf-8"), words[3]):
-        raise ConfigError(f"statistics file {path} does not match its checksum: the file is corrupt or was edited")
+    if not _tables_in(text):  # MASE's files hold a table per node; text without any is no statistics file
+        raise ConfigError(f"statistics file {path} holds no statistics (no [node] table and no lowbit header): "
+                          "it is truncated or not a statistics file")  # fmt: skip
+    logging.getLogger("lowbit").warning(f"statistics file {path} has no lowbit checksum (MASE or an older "
+                                        f"lowbit wrote it): not verified")  # fmt: skip
 
 
 def _tables_in(text: str) -> bool:

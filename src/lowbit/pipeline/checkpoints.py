@@ -25,14 +25,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit._checksum import digest_file, seal_text, text_seal_matches, verify_sidecar
-from lowbit._io import PLACEHOLDER, atomic_directory, read_regular_file, read_regular_text, write_file
+from lowbit._checksum import digest_file, verify_sidecar
+from lowbit._io import atomic_directory, read_regular_file, read_regular_text, write_file
+from lowbit._persist import Older, Schema, json_bytes, read_json, register, write_folder
 from lowbit.errors import ConfigError, FormatError, LowbitError
 
 LOAD_TYPES = ("pt", "pl", "lowbit")
 MODULE_SCHEMA, MODULE_VERSION = "lowbit.module", 1
 WEIGHTS_FILE = "model.safetensors"  # version 2: written by lowbit.save (real modules recorded in its header)
 RUN_SCHEMA, RUN_FILE = "lowbit.run", "run.json"  # which built-in model / dataset a saved graph came from
+# module.json: version 2 (a recipe; weights by lowbit.save) and version 1 (state.safetensors, its digest listed)
+# are both written today; version 1 files from before the seal (no "files" either) load with a warning
+MODULE_FILE_SCHEMA = register(Schema(MODULE_SCHEMA, 2, "module checkpoint", ConfigError,
+                                     {1: Older(unsealed=True, sealed_marks=("files",))}))  # fmt: skip
+# run.json: unsealed and unversioned (a note read leniently by saved_origin; the graph.json beside it is sealed)
+RUN_FILE_SCHEMA = register(Schema(RUN_SCHEMA, 1, "run description", ConfigError, version_key=None, seal_key=None))
 MODULE_FILE, STATE_FILE = "module.json", "state.safetensors"
 # a module-style save owns these names (a graph save's files are removed in the same swap, so no stale graph
 # shadows it); other files in the folder (metrics, another tool's) are carried over
@@ -134,8 +141,8 @@ def save_lowbit(model: nn.Module, directory: str | os.PathLike, *, model_name: s
 
     directory = Path(directory)
     if isinstance(model, (QGraph, fx.GraphModule)):  # graph.json commits the swap; a module-style save is removed
-        about = {"schema": RUN_SCHEMA, "model": model_name, "dataset": dataset}
-        extra = {RUN_FILE: (json.dumps(about, indent=1) + "\n").encode(), MODULE_FILE: None, WEIGHTS_FILE: None}
+        about = json_bytes(RUN_FILE_SCHEMA, {"model": model_name, "dataset": dataset}) + b"\n"
+        extra = {RUN_FILE: about, MODULE_FILE: None, WEIGHTS_FILE: None}
         return [*save_graph(model, directory, extra_files=extra)]
     if model_name is None:
         raise ConfigError("saving a module-style model needs the built-in model name that rebuilds it")
@@ -145,13 +152,10 @@ def save_lowbit(model: nn.Module, directory: str | os.PathLike, *, model_name: s
 
     state = {key: value.detach().contiguous() for key, value in model.state_dict().items()}
     data = to_bytes(state)
-    doc = {"schema": MODULE_SCHEMA, "version": MODULE_VERSION, "model": model_name, "dataset": dataset,
-           "quantize": quantize_args, "files": {STATE_FILE: hashlib.sha256(data).hexdigest()}}  # fmt: skip
-    text = _sealed_json(doc)  # serialized before the first write: a failure leaves the earlier save intact
-    with atomic_directory(directory, owned=MODULE_OWNED, last=MODULE_FILE) as building:
-        write_file(building / STATE_FILE, data)
-        write_file(building / MODULE_FILE, text.encode())
-    return [directory / STATE_FILE, directory / MODULE_FILE]
+    doc = {"model": model_name, "dataset": dataset, "quantize": quantize_args,
+           "files": {STATE_FILE: hashlib.sha256(data).hexdigest()}}  # fmt: skip
+    text = _sealed_json(doc, MODULE_VERSION)  # serialized before the first write: a failure leaves the earlier save
+    return write_folder(directory, {STATE_FILE: data, MODULE_FILE: text}, owned=MODULE_OWNED, last=MODULE_FILE)
 
 
 def _save_version_2(model: nn.Module, directory: Path, model_name: str, dataset: str | None, quantize_args: Any,
@@ -159,24 +163,18 @@ def _save_version_2(model: nn.Module, directory: Path, model_name: str, dataset:
     from lowbit.export import save
     from lowbit.pipeline.progress import waiting
 
-    doc = {"schema": MODULE_SCHEMA, "version": 2, "model": model_name, "dataset": dataset, "quantize": quantize_args,
-           "quantize_model": recipe, "weights": WEIGHTS_FILE,
-           "files": {WEIGHTS_FILE: "sealed by lowbit.save"}}  # fmt: skip
-    text = _sealed_json(doc)  # the weights file seals itself (lowbit.save)
+    doc = {"model": model_name, "dataset": dataset, "quantize": quantize_args, "quantize_model": recipe,
+           "weights": WEIGHTS_FILE, "files": {WEIGHTS_FILE: "sealed by lowbit.save"}}  # fmt: skip
+    text = _sealed_json(doc, 2)  # the weights file seals itself (lowbit.save)
     with waiting(f"saving {directory}", slow=False), \
             atomic_directory(directory, owned=MODULE_OWNED, last=MODULE_FILE) as building:  # fmt: skip
         save(model, building / WEIGHTS_FILE)
-        write_file(building / MODULE_FILE, text.encode())
+        write_file(building / MODULE_FILE, text)
     return [directory / WEIGHTS_FILE, directory / MODULE_FILE]
 
 
-def _sealed_json(doc: dict[str, Any]) -> str:
-    text = json.dumps({**doc, "seal": PLACEHOLDER}, indent=1, default=_not_json)
-    try:
-        return seal_text(text)
-    except ValueError:
-        raise ConfigError(f"a module-style model's config may not contain {PLACEHOLDER[:8]}... "
-                          "(reserved for the seal)") from None
+def _sealed_json(doc: dict[str, Any], version: int) -> bytes:
+    return json_bytes(MODULE_FILE_SCHEMA, doc, version=version, default=_not_json)
 
 
 def _not_json(value: Any) -> Any:
@@ -226,20 +224,9 @@ def _load_module_style(directory: Path) -> nn.Module:
 
 
 def _read_module_json(path: Path) -> dict[str, Any]:
-    """module.json, its seal checked (saves from before the seal load with a warning)."""
-    try:
-        blob = read_regular_file(path)
-        doc = json.loads(blob)
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"cannot read {path}: {error}") from None
-    if not isinstance(doc, dict) or doc.get("schema") != MODULE_SCHEMA or doc.get("version") not in (1, 2):
-        raise ConfigError(f"{path} is not a lowbit module checkpoint (schema {MODULE_SCHEMA} v1 or v2)")
-    seal = doc.pop("seal", None)
-    if seal is None and "files" not in doc:  # new saves always have both
-        _log.warning(f"{path} has no checksum (an older lowbit wrote it): not verified")
-    elif not text_seal_matches(blob, seal):
-        raise ConfigError(f"{path} does not match its checksum: the file is corrupt or was edited")
-    return doc
+    """module.json, its version and seal checked (saves from before the seal load with a warning)."""
+    document = read_json(MODULE_FILE_SCHEMA, path)
+    return {**document.fields, "version": document.version}
 
 
 def _load_version_2(model: nn.Module, directory: Path, doc: dict[str, Any]) -> nn.Module:

@@ -18,6 +18,7 @@ import logging
 import os
 from pathlib import Path
 
+from lowbit._checksum import sidecar_of
 from lowbit.errors import ConfigError
 
 CHECKPOINT_NAMES = ("best.ckpt", "last.ckpt")
@@ -61,15 +62,15 @@ def _set_aside(directory: Path) -> None:
 
 
 def _remove(directory: Path, name: str) -> None:
-    for path in (directory / name, directory / f"{name}.sha256"):
+    for path in (directory / name, sidecar_of(directory / name)):
         if path.exists():
             path.unlink()
 
 
 def _move_sidecar(source: Path, destination: Path) -> None:
-    sidecar = source.with_name(source.name + ".sha256")
+    sidecar = sidecar_of(source)
     if sidecar.exists():
-        os.replace(sidecar, destination.with_name(destination.name + ".sha256"))
+        os.replace(sidecar, sidecar_of(destination))
 
 
 def is_launched_worker() -> bool:

@@ -7,13 +7,12 @@ from __future__ import annotations
 import io
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from lowbit._checksum import verify_sidecar, write_with_sidecar
+from lowbit._checksum import sidecar_of, verify_sidecar, write_with_sidecar
 
 _log = logging.getLogger("lowbit")
 
@@ -26,7 +25,7 @@ class SealedCheckpointIO(TorchCheckpointIO):
 
     def remove_checkpoint(self, path: Any) -> None:
         super().remove_checkpoint(path)
-        sidecar = Path(str(path) + ".sha256")
+        sidecar = sidecar_of(path)
         if sidecar.exists():
             sidecar.unlink()
 
