@@ -4,7 +4,7 @@
     python benchmarks/format_call.py --compare A B [-r 4]  # two source trees (PYTHONPATH), alternated
 
 ``--compare`` runs each tree in its own process, alternating A, B, A, B, ... so that both see the same machine
-load, and reports the median over rounds of each tree's per-round medians (microseconds).
+load, and reports the median and the best over rounds of each tree's per-round medians (microseconds).
 """
 
 from __future__ import annotations
@@ -68,11 +68,12 @@ def compare(first: str, second: str, rounds: int) -> None:
     for _ in range(rounds):
         for tree in (first, second):
             runs[tree].append(_run_tree(tree))
-    print(f"{'case':28} {'A (us)':>12} {'B (us)':>12} {'B/A':>7}")
+    print(f"{'case':28} {'A (us)':>12} {'B (us)':>12} {'B/A':>7} {'best A':>10} {'best B':>10} {'B/A':>7}")
     for case in runs[first][0]:
         a = statistics.median(run[case] for run in runs[first])
         b = statistics.median(run[case] for run in runs[second])
-        print(f"{case:28} {a:12.2f} {b:12.2f} {b / a:7.3f}")
+        best_a, best_b = min(run[case] for run in runs[first]), min(run[case] for run in runs[second])
+        print(f"{case:28} {a:12.2f} {b:12.2f} {b / a:7.3f} {best_a:10.2f} {best_b:10.2f} {best_b / best_a:7.3f}")
     print(f"A = {first}\nB = {second}\nrounds = {rounds}")
 
 
