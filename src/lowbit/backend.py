@@ -10,8 +10,8 @@ as the library is loaded: the first call starts its build on a background thread
 started once that call has answered; 35-55 s on 2 cores, cached on disk for later processes) and answers
 eagerly meanwhile.
 
-``eager`` runs a format's eager function (``FormatRecord.eager``) op by op: every op reads and writes the whole tensor. ``compiled``
-hands the same function to ``torch.compile`` (Inductor's C++ backend on CPU), which fuses it into one
+``eager`` runs a format's eager function (``FormatRecord.eager``) op by op: every op reads and writes the
+whole tensor. ``compiled`` hands the same function to ``torch.compile`` (Inductor's C++ backend on CPU), which fuses it into one
 or two passes over memory. Both give bit-identical results (the compiled kernel evaluates the same
 float operations; tests/test_backend.py checks every format).
 

@@ -92,7 +92,9 @@ def test_entry_point_matches_its_c_definition(name):
     assert len(definitions) == 1, f"{name} is defined {len(definitions)} times: {[d[2] for d in definitions]}"
     result, arguments, file = definitions[0]
     want_result, want_arguments = interface.ENTRY_POINTS[name]
-    assert result is want_result, f"{name} ({file}) returns {_named([result])[0]}, the table says {_named([want_result])[0]}"
+    assert result is want_result, (
+        f"{name} ({file}) returns {_named([result])[0]}, interface.ENTRY_POINTS says {_named([want_result])[0]}"
+    )
     assert arguments == tuple(want_arguments), (
         f"{name} ({file}) takes {_named(arguments)}, interface.ENTRY_POINTS says {_named(want_arguments)}"
     )
