@@ -102,4 +102,5 @@ def _has_native(spec: FormatSpec, shape: tuple[int, ...], dtype: torch.dtype) ->
     """Whether ``auto`` / ``native`` would run this format natively on such a tensor (tried on zeros)."""
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False
-    return spec._native(torch.zeros(shape), dtype) is not None
+    native = spec.format_record.native
+    return native is not None and native(spec, torch.zeros(shape), dtype) is not None

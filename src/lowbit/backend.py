@@ -1,14 +1,17 @@
 """Execution backends for format quantizers: native C kernels, plain eager PyTorch, or torch.compile.
 
-``native`` runs a format's ``_native`` kernel (``lowbit.native``: plain C compiled once per machine, one
+Every decision reads the format's record (``lowbit.format_record``: its native binding, its eager function
+and kernel hints) and the spec's public properties; this module never imports the formats.
+
+``native`` runs a format's native kernel (``lowbit.native``: plain C compiled once per machine, one
 pass over memory, bit-identical to eager) on CPU tensors of float32 / float16 / bfloat16, where the format has
 one for its parameters; everything else runs eagerly. ``auto`` (the default) takes the native kernel as soon
 as the library is loaded: the first call starts its build on a background thread (compiler subprocesses,
 started once that call has answered; 35-55 s on 2 cores, cached on disk for later processes) and answers
 eagerly meanwhile.
 
-``eager`` runs a format's ``_quantize`` op by op: every op reads and writes the whole tensor. ``compiled``
-hands the same function to ``torch.compile`` (Inductor's C++ backend on CPU), which fuses it into one
+``eager`` runs a format's eager function (``FormatRecord.eager``) op by op: every op reads and writes the
+whole tensor. ``compiled`` hands the same function to ``torch.compile`` (Inductor's C++ backend on CPU), which fuses it into one
 or two passes over memory. Both give bit-identical results (the compiled kernel evaluates the same
 float operations; tests/test_backend.py checks every format).
 
@@ -38,17 +41,17 @@ import threading
 import types
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from lowbit import native
 from lowbit.casting import saturating_cast
 from lowbit.errors import ConfigError, did_you_mean
+from lowbit.format_record import FormatRecord
 from lowbit.native import kernels as native_kernels
 
-if TYPE_CHECKING:
-    from lowbit.formats._base import FormatSpec
+FormatSpec = Any  # a format spec (lowbit.formats): its ``format_record`` and public properties are what is read
 
 BACKENDS = ("auto", "native", "eager", "compiled")
 _NATIVE_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
@@ -130,13 +133,14 @@ def run_without_native(spec: FormatSpec, x: torch.Tensor, generator: torch.Gener
 
 
 def _eager_or_fused(spec: FormatSpec, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    eager = spec.format_record.eager
     if not wants_compiled(spec, x) or _narrowed_directed(spec, x):
-        return spec._quantize_in_dtype(x, generator)
+        return eager(spec, x, generator)
     upcast = _upcast(spec, x.dtype)
     dtype = torch.float32 if upcast else x.dtype
     key = (spec, dtype, x.dim(), dtype)
     if get_backend() == "auto" and not _ready_or_counted(key, x):
-        return spec._quantize_in_dtype(x, generator)  # eager until the background kernel is ready
+        return eager(spec, x, generator)  # eager until the background kernel is ready
     try:
         if upcast:
             wide = x.float()
@@ -144,7 +148,7 @@ def _eager_or_fused(spec: FormatSpec, x: torch.Tensor, generator: torch.Generato
         return kernel(*key)(_dynamic(x))
     except Exception as error:  # a missing compiler or an Inductor failure: fall back once, loudly
         _give_up(error)
-        return spec._quantize_in_dtype(x, generator)
+        return eager(spec, x, generator)
 
 
 def _narrowed_directed(spec: FormatSpec, x: torch.Tensor) -> bool:
@@ -159,14 +163,18 @@ def _native_result(spec: FormatSpec, x: torch.Tensor) -> torch.Tensor | None:
     dtype = x.dtype
     if dtype not in _NATIVE_DTYPES or not x.is_contiguous() or not native_ready():
         return None
+    record: FormatRecord = spec.format_record
+    native = record.native
+    if native is None:
+        return None
     if dtype is torch.float32:
-        return spec._native(x, dtype)
-    if spec._native_takes_halves() and not spec.narrows_directed:  # the kernels narrow to nearest
-        result = spec._native(x, dtype)
+        return native(spec, x, dtype)
+    if record.native_takes_halves and not spec.narrows_directed:  # the kernels narrow to nearest
+        result = native(spec, x, dtype)
         if result is not None:
             return result  # else the kernel takes halves in other layouts only: through float32 below
     wide = x.float()
-    result = spec._native(wide, dtype)
+    result = native(spec, wide, dtype)
     return None if result is None else _narrowed(result, dtype, spec, wide)
 
 
@@ -345,11 +353,11 @@ def _give_up(error: Exception) -> None:
 
 def _upcast(spec: FormatSpec, dtype: torch.dtype) -> bool:
     """Whether a compiled kernel takes x widened to float32 (and its result is narrowed outside it)."""
-    return spec.upcast_before_kernel and dtype in (torch.float16, torch.bfloat16)
+    return spec.format_record.upcast_before_kernel and dtype in (torch.float16, torch.bfloat16)
 
 
 def _narrowed(values: torch.Tensor, dtype: torch.dtype, spec: FormatSpec, wide: torch.Tensor) -> torch.Tensor:
-    """A float32 kernel result narrowed as ``FormatSpec._quantize_in_dtype`` narrows: directed rounding against
+    """A float32 kernel result narrowed as the format's eager function narrows: directed rounding against
     its mode (``FormatSpec.narrowed``), else ``saturating_cast``, one native pass where the library is loaded."""
     if spec.narrows_directed:
         return spec.narrowed(values, dtype, wide)
@@ -398,8 +406,10 @@ def _quantizer_function(spec: FormatSpec, out_dtype: torch.dtype) -> Callable[[t
     code object per kernel gives each spec its own cache entry.
     """
 
+    eager = spec.format_record.eager
+
     def quantize(x: torch.Tensor) -> torch.Tensor:
-        return spec._quantize_in_dtype(x, None, out_dtype)
+        return eager(spec, x, None, out_dtype)
 
     return _renamed(quantize, f"lowbit_{spec.format_name}_{next(_serial)}")
 

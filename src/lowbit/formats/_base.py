@@ -18,6 +18,7 @@ import torch
 from lowbit import backend
 from lowbit.casting import narrow_toward, saturating_cast
 from lowbit.errors import FormatError, LowbitError, did_you_mean
+from lowbit.format_record import FormatRecord
 from lowbit.formats.rounding import DIRECTED_MODES, ROUNDING_MODES, canonical_rounding, make_generator
 from lowbit.formats.ste import straight_through
 
@@ -38,8 +39,29 @@ class FormatSpec:
     # half types (block_fp on bf16 4096^2: 460 ms fused vs about 200 ms, measured): their compiled kernel
     # works in float32 and the backend casts around it (see casting.saturating_cast).
     upcast_before_kernel: ClassVar[bool] = False
+    # Whether ``_native`` also takes bfloat16 / float16 x and answers in x's dtype, as the float32 kernel's result
+    # cast with ``casting.saturating_cast`` (csrc/stream.h widens and narrows a tile at a time, so no float32
+    # tensor is made). Where it does not, or answers None for halves in some layout (blocks longer than a tile,
+    # affine per channel), the backend widens x and narrows the float32 kernel's result.
+    native_takes_halves: ClassVar[bool] = False
+    # What the backend reads (lowbit.format_record): built from the class's hooks above and ``_native`` /
+    # ``_quantize_in_dtype`` when the class is defined, unless the class sets one itself.
+    format_record: ClassVar[FormatRecord]
 
     rounding: str = "nearest_even"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "format_record" not in cls.__dict__:
+            cls.format_record = cls._record()
+
+    @classmethod
+    def _record(cls) -> FormatRecord:
+        """This class's record: its eager function, its native binding (None where it keeps the base's, which
+        has no kernel) and its kernel hints."""
+        native = cls._native if cls._native is not FormatSpec._native else None
+        return FormatRecord(eager=cls._quantize_in_dtype, native=native, native_takes_halves=cls.native_takes_halves,
+                            upcast_before_kernel=cls.upcast_before_kernel)  # fmt: skip
 
     # ---- construction -------------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -128,11 +150,8 @@ class FormatSpec:
         return None
 
     def _native_takes_halves(self) -> bool:
-        """Whether ``_native`` also takes bfloat16 / float16 x and answers in x's dtype, as the float32 kernel's
-        result cast with ``casting.saturating_cast`` (csrc/stream.h widens and narrows a tile at a time, so no
-        float32 tensor is made). Where it does not, or answers None for halves in some layout (blocks longer
-        than a tile, affine per channel), the backend widens x and narrows the float32 kernel's result."""
-        return False
+        """``native_takes_halves`` as this spec's record says it (the backend reads the record)."""
+        return self.format_record.native_takes_halves
 
     def _quantize_for(self, x: torch.Tensor, generator: torch.Generator | None, out_dtype: torch.dtype) -> torch.Tensor:
         """``_quantize`` when the result will be cast to ``out_dtype``; formats whose grid depends on the
@@ -187,6 +206,7 @@ class FormatSpec:
             return {}
 
 
+FormatSpec.format_record = FormatSpec._record()  # __init_subclass__ builds every subclass's own
 
 
 # ---- shared parameter checks ----------------------------------------------------------------------------

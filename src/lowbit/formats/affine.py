@@ -184,8 +184,7 @@ class Affine(FormatSpec):
             return None  # parameters settled for a narrower dtype: the eager path (parameters_from_block)
         return native_integer.affine(x, self, block_shape)
 
-    def _native_takes_halves(self) -> bool:
-        return True  # the kernel declines halves per channel of an inner dimension and in rows past a tile
+    native_takes_halves = True  # the kernel declines halves per channel of an inner dimension and in rows past a tile
 
     def _quantize(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         if self.scale is not None:

@@ -145,8 +145,7 @@ class Binary(FormatSpec):
             return None
         return sign_log.binary(x, self.axis, self.bipolar, self.scaling_factor, self.alpha)
 
-    def _native_takes_halves(self) -> bool:
-        return True
+    native_takes_halves = True
 
     def _scale(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         """alpha per block: the least-squares scale of the signs this format will choose."""
@@ -256,5 +255,4 @@ class BinaryResidual(FormatSpec):
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
         return sign_log.residual(x, self._thresholds[torch.float32], self._grids[torch.float32])
 
-    def _native_takes_halves(self) -> bool:
-        return True
+    native_takes_halves = True

@@ -236,8 +236,7 @@ class BlockFP(FormatSpec):
         return native_block.block_fp(x, runs, self.mantissa_bits, self.min_exponent, max_exponent, top_code,
                                      float32 and can_branch_on_data(x), self.rounding)  # fmt: skip
 
-    def _native_takes_halves(self) -> bool:
-        return True
+    native_takes_halves = True
 
     def _top_code(self, dtype: torch.dtype) -> float:
         """The largest code: 2^M - 1, or where M exceeds ``dtype``'s significand (W > 25 for float32) the

@@ -129,8 +129,7 @@ class BlockLog(FormatSpec):
         return native_block.block_log(x, runs, 2**self.exponent_width - 1, self.max_bias, self.log_domain,
                                       below_sqrt2, self.rounding)  # fmt: skip
 
-    def _native_takes_halves(self) -> bool:
-        return True
+    native_takes_halves = True
 
     def _quantize_block(self, blocked: torch.Tensor, dims: tuple[int, ...], generator) -> torch.Tensor:
         fast = (self.rounding == "nearest_even" and not self.log_domain

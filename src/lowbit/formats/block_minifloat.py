@@ -163,8 +163,7 @@ class BlockMinifloat(FormatSpec):
         return native_block.block_minifloat(x, runs, self.mantissa_bits, 2**self.exponent_width - 2,
                                             self.min_shared_exponent, max_shared, in_float, self.rounding)  # fmt: skip
 
-    def _native_takes_halves(self) -> bool:
-        return True
+    native_takes_halves = True
 
     def _float32_applies(self, x: torch.Tensor) -> bool:
         """float32 data and ``_float32_grid_applies``."""

@@ -78,8 +78,7 @@ class Integer(FormatSpec):
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
         return native_integer.fixed_point(x, self)
 
-    def _native_takes_halves(self) -> bool:
-        return True
+    native_takes_halves = True
 
     def value_set(self) -> torch.Tensor:
         q_min, q_max = self.code_range

@@ -258,5 +258,4 @@ class Log(FormatSpec):
         below_sqrt2 = _largest_float_below_sqrt2(torch.float32)
         return sign_log.log(x, self.min_exponent, self.max_exponent, self.rounding, self.log_domain, below_sqrt2)
 
-    def _native_takes_halves(self) -> bool:
-        return True
+    native_takes_halves = True

@@ -164,8 +164,7 @@ class _Minifloat(FormatSpec):
         grid = self.grid
         return None if grid.needs_float64 else grid.round_native(x, self.rounding)
 
-    def _native_takes_halves(self) -> bool:
-        return True
+    native_takes_halves = True
 
 
 @register

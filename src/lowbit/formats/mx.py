@@ -212,8 +212,7 @@ class _MXFormat(FormatSpec):
         return native_block.mx(x, runs, element.mantissa_bits, element.min_exponent, element.emax,
                                element.max_value, self.scale_rule, dtype_max, self.rounding)  # fmt: skip
 
-    def _native_takes_halves(self) -> bool:
-        return True
+    native_takes_halves = True
 
     def _quantize_within(self, x: torch.Tensor, generator, dtype_max: float) -> torch.Tensor:
         if x.dim() == 0:

@@ -253,8 +253,7 @@ class _OcpFloat(FormatSpec):
                 return native_block.ocp_columns(x, *grid)
         return None
 
-    def _native_takes_halves(self) -> bool:
-        return True
+    native_takes_halves = True
 
     def _native_given(self, x: torch.Tensor, grid: tuple) -> torch.Tensor | None:
         scales = self.stored_scale

@@ -121,8 +121,7 @@ class Ternary(FormatSpec):
     def _native(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
         return sign_log.ternary(x, self.axis, self.fixed_threshold, self.scaling_factor, self.alpha)
 
-    def _native_takes_halves(self) -> bool:
-        return True
+    native_takes_halves = True
 
     def _delta(self, blocked: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         """delta per block: the fixed threshold, or TWN's 0.75 mean |x|."""

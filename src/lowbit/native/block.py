@@ -9,34 +9,20 @@ elements, csrc/stream.h) long, and answer None for longer ones."""
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
-from lowbit.native.kernels import (
-    FLOAT,
-    HALF_CODES,
-    I64,
-    INT,
-    POINTER,
-    ROUNDING_CODES,
-    function,
-    threads,
-)
+from lowbit.native.interface import OVERFLOW_KINDS, ROUNDING_CODES, SCALE_RULES
+from lowbit.native.kernels import HALF_CODES, function, threads
 
-DOUBLE = ctypes.c_double
-OVERFLOW_KINDS = {"saturate": 0, "inf": 1, "nan": 2}
-SCALE_RULES = {"floor": 0, "ceil": 1, "even": 2}
-_RUNS = [I64, I64, I64]
 # A chunk of this many elements shares one given scale entry (given scales need no per-block statistic): a
 # tile of the kernels (csrc/stream.h), so that halves run too.
 GIVEN_CHUNK = 2048
 
 
-def _run(name: str, argument_types: list, x: torch.Tensor, rounding: str, *arguments) -> torch.Tensor | None:
+def _run(name: str, x: torch.Tensor, rounding: str, *arguments) -> torch.Tensor | None:
     """Calls the block kernel ``name`` (x and out first, then ``arguments``, the rounding mode, x's storage and the
     threads; it answers 0 where it declines) into a new tensor like x; None where it does not run."""
-    entry = function(name, [POINTER, POINTER, *argument_types, INT, INT, INT], INT)
+    entry = function(name)
     mode, half = ROUNDING_CODES.get(rounding), HALF_CODES.get(x.dtype)
     if entry is None or mode is None or half is None:
         return None
@@ -47,7 +33,7 @@ def _run(name: str, argument_types: list, x: torch.Tensor, rounding: str, *argum
 def ocp_element(x: torch.Tensor, mantissa_bits: int, min_exponent: int, max_value: float, overflow: str,
                 saturate: bool, rounding: str) -> torch.Tensor | None:  # fmt: skip
     """ocp_float.round_element on every element (no scale)."""
-    entry = function("lb_ocp_element_f32", [POINTER, POINTER, I64, INT, INT, FLOAT, INT, INT, INT, INT, INT])
+    entry = function("lb_ocp_element_f32")
     mode, half = ROUNDING_CODES.get(rounding), HALF_CODES.get(x.dtype)
     if entry is None or mode is None or half is None:
         return None
@@ -62,7 +48,7 @@ def ocp_scaled(x: torch.Tensor, runs: tuple[int, int, int], scales: torch.Tensor
                rounding: str) -> torch.Tensor | None:  # fmt: skip
     """s * element(x / s) per block: s derived from the block (f32 scales) when ``scales`` is None, else
     ``scales[block index // blocks_per_scale]`` (float32, contiguous)."""
-    return _run("lb_ocp_scaled_f32", _RUNS + [POINTER, I64, INT, INT, FLOAT, INT, INT], x, rounding, *runs,
+    return _run("lb_ocp_scaled_f32", x, rounding, *runs,
                 None if scales is None else scales.data_ptr(), blocks_per_scale, mantissa_bits, min_exponent,
                 max_value, OVERFLOW_KINDS[overflow], int(saturate))  # fmt: skip
 
@@ -72,7 +58,7 @@ def ocp_columns(x: torch.Tensor, mantissa_bits: int, min_exponent: int, max_valu
     """s * element(x / s) with one derived f32 scale per index of the last dimension (x contiguous, 2-D or more);
     None where the kernel declines (directed and stochastic modes) or no library is loaded."""
     columns = x.shape[-1]
-    return _run("lb_ocp_columns_f32", [I64, I64, INT, INT, FLOAT, INT, INT], x, rounding, x.numel() // columns,
+    return _run("lb_ocp_columns_f32", x, rounding, x.numel() // columns,
                 columns, mantissa_bits, min_exponent, max_value, OVERFLOW_KINDS[overflow], int(saturate))  # fmt: skip
 
 
@@ -81,14 +67,14 @@ def mx(x: torch.Tensor, runs: tuple[int, int, int], mantissa_bits: int, element_
     """MX blocks: E8M0 exponent by ``scale_rule``, elements saturating at the block limit under dtype_max."""
     if mantissa_bits < 1:
         return None
-    return _run("lb_mx_f32", _RUNS + [INT, INT, INT, FLOAT, INT, FLOAT], x, rounding, *runs, mantissa_bits,
+    return _run("lb_mx_f32", x, rounding, *runs, mantissa_bits,
                 element_min_exponent, emax, element_max, SCALE_RULES[scale_rule], dtype_max)  # fmt: skip
 
 
 def block_fp(x: torch.Tensor, runs: tuple[int, int, int], mantissa_bits: int, min_exponent: int, max_exponent: int,
              top_code: float, in_float: bool, rounding: str) -> torch.Tensor | None:  # fmt: skip
     """block_fp blocks (in_float: the eager float32 path's arithmetic, else its float64 path's)."""
-    return _run("lb_block_fp_f32", _RUNS + [INT, INT, INT, DOUBLE, INT], x, rounding, *runs, mantissa_bits,
+    return _run("lb_block_fp_f32", x, rounding, *runs, mantissa_bits,
                 min_exponent, max_exponent, top_code, int(in_float))  # fmt: skip
 
 
@@ -96,12 +82,12 @@ def block_minifloat(x: torch.Tensor, runs: tuple[int, int, int], mantissa_bits: 
                     min_shared: int, max_shared: int, in_float: bool,
                     rounding: str) -> torch.Tensor | None:  # fmt: skip
     """block_minifloat blocks (in_float: the eager float32 path's arithmetic, else its float64 path's)."""
-    return _run("lb_block_minifloat_f32", _RUNS + [INT, INT, INT, INT, INT], x, rounding, *runs, mantissa_bits,
+    return _run("lb_block_minifloat_f32", x, rounding, *runs, mantissa_bits,
                 binades_below_top, min_shared, max_shared, int(in_float))  # fmt: skip
 
 
 def block_log(x: torch.Tensor, runs: tuple[int, int, int], top_code: int, max_bias: int, log_domain: bool,
               below_sqrt2: float, rounding: str) -> torch.Tensor | None:  # fmt: skip
     """block_log blocks: bias from the block's finite |max|, elements by log.round_to_power_of_two."""
-    return _run("lb_block_log_f32", _RUNS + [INT, INT, INT, FLOAT], x, rounding, *runs, top_code, max_bias,
+    return _run("lb_block_log_f32", x, rounding, *runs, top_code, max_bias,
                 int(log_domain), below_sqrt2)

@@ -9,10 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lowbit.native.kernels import I64, INT, POINTER, function, threads
+from lowbit.native.kernels import function, threads
 
-_PACK = [POINTER, POINTER, I64, I64]
-_SUMS = [POINTER, INT, POINTER, POINTER, I64, I64, I64, INT]
 PANEL = 16  # output columns per packed panel (csrc/int8_gemm.c)
 
 
@@ -32,7 +30,7 @@ class Packed:
 
 def pack(codes: torch.Tensor) -> Packed | None:
     """int8 weight codes [N, K] -> the kernel's packed int16 panels, or None."""
-    entry = function("lb_int8_pack", _PACK)
+    entry = function("lb_int8_pack")
     if entry is None or codes.dtype != torch.int8 or codes.dim() != 2 or codes.device.type != "cpu":
         return None
     codes = codes.contiguous()
@@ -45,7 +43,7 @@ def pack(codes: torch.Tensor) -> Packed | None:
 def sums(codes: torch.Tensor, packed: Packed) -> torch.Tensor | None:
     """Exact int32 sums [M, N] of activation codes [M, K] (int8, or uint8 without their zero point) times the
     packed weight [N, K]; None where the kernel does not apply (another K among them)."""
-    entry = function("lb_int8_gemm_s32", _SUMS, INT)
+    entry = function("lb_int8_gemm_s32")
     if entry is None or codes.dim() != 2 or codes.dtype not in (torch.int8, torch.uint8):
         return None
     rows, inner = codes.shape

@@ -5,18 +5,15 @@ dtype's range), and the caller runs its torch code instead."""
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
-from lowbit.native.kernels import I64, INT, POINTER, function, threads
+from lowbit.native.interface import INT4_SCALE_TYPES
+from lowbit.native.kernels import function, threads
 
-SCALE_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # csrc/gptq.c's enum
+SCALE_TYPES = {getattr(torch, name): code for name, code in INT4_SCALE_TYPES.items()}  # csrc/int4_groups.h
 # |weight| beyond which a scale or minimum might not fit its storage dtype (torch's cast would give inf there, the
 # kernel's rounding does not): such weights take the torch code.
 _LARGEST = {torch.float32: 1e37, torch.bfloat16: 1e37, torch.float16: 3e4}
-_FIT_ARGUMENTS = [POINTER] * 5 + [I64, I64, I64, INT, INT, INT, INT]
-_BLOCK_ARGUMENTS = [POINTER, POINTER, POINTER, I64] + [POINTER] * 5 + [I64] * 4 + [INT] * 5
 
 
 def _cpu_float32(*tensors: torch.Tensor | None) -> bool:
@@ -34,7 +31,7 @@ def int4_fit(columns: torch.Tensor, group_size: int, scale_dtype: torch.dtype, s
              importance: torch.Tensor | None = None, float_zero: bool = False):  # fmt: skip
     """(codes uint8 [N, K], scale [K / g, N], offset [K / g, N] float32) of the transposed weight ``columns``
     [K, N]: int4.quantize_groups' rule (offset: the zero point, or the minimum with ``float_zero``)."""
-    entry = function("lb_int4_fit_f32", _FIT_ARGUMENTS, INT)
+    entry = function("lb_int4_fit_f32")
     if entry is None or columns.dim() != 2 or not _cpu_float32(columns, importance):
         return None
     k, n = columns.shape
@@ -57,7 +54,7 @@ def gptq_block(block: torch.Tensor, upper: torch.Tensor, start: int, columns: to
     into ``codes`` [N, K]; ``upper`` [K, K] is U in rounding order and the block starts at its row ``start``.
     ``scale`` / ``offset`` [K / g, N] are filled as groups start, or read (``fixed``). Returns the errors
     [B, N] divided by U's diagonal, or None (nothing written) where the kernel does not apply."""
-    entry = function("lb_gptq_block_f32", _BLOCK_ARGUMENTS, INT)
+    entry = function("lb_gptq_block_f32")
     tensors_fit = _cpu_float32(block, upper, importance, scale, offset) and columns.dtype == torch.int64
     if entry is None or not tensors_fit or codes.dtype != torch.uint8 or not codes.is_contiguous():
         return None
@@ -73,14 +70,13 @@ def gptq_block(block: torch.Tensor, upper: torch.Tensor, start: int, columns: to
     return None if status else errors
 
 
-_HQQ_ARGUMENTS = [POINTER] * 4 + [I64, I64, I64, INT, INT, ctypes.c_double, ctypes.c_double, INT]
 
 
 def hqq_fit(columns: torch.Tensor, group_size: int, scale_dtype: torch.dtype, iterations: int, beta: float,
             kappa: float):  # fmt: skip
     """(codes uint8 [N, K], scale [K / g, N] already rounded to ``scale_dtype``, zero point [K / g, N], float32)
     of the transposed weight ``columns`` [K, N] by ops.hqq's steps at p = 0.5, or None."""
-    entry = function("lb_hqq_fit_f32", _HQQ_ARGUMENTS, INT)
+    entry = function("lb_hqq_fit_f32")
     if entry is None or columns.dim() != 2 or not _cpu_float32(columns):
         return None
     k, n = columns.shape

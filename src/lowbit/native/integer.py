@@ -19,28 +19,11 @@ import weakref
 import torch
 
 from lowbit.native import kernels
+from lowbit.native.interface import AFFINE_KINDS, AFFINE_LAYOUTS, AFFINE_SCALE_DTYPES, AffineSpec, FixedSpec
 
-_SCALE_DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
 _SHORTEN_MAX_CODE_BITS = 11  # formats/scaling.py: wider codes keep their scale unchanged
-_TENSOR, _ROWS, _CHANNELS, _GIVEN = 0, 1, 2, 3
-_ASYMMETRIC, _SYMMETRIC, _FULL_RANGE = 0, 1, 2
+_TENSOR, _ROWS, _CHANNELS, _GIVEN = (AFFINE_LAYOUTS[name] for name in ("tensor", "rows", "channels", "given"))
 _MAX_PREPARED = 512  # specs (and shapes per spec) remembered before the memo starts over
-I64, INT, POINTER = kernels.I64, kernels.INT, kernels.POINTER
-_FIXED_ARGS = [POINTER, POINTER, I64, POINTER, INT, INT]
-_AFFINE_ARGS = [POINTER, POINTER, INT, I64, I64, I64, POINTER, INT, INT]
-
-
-class _FixedSpec(ctypes.Structure):
-    _fields_ = [("multiplier", ctypes.c_float), ("step", ctypes.c_float), ("q_min", ctypes.c_float),
-                ("q_max", ctypes.c_float), ("keep_sign", ctypes.c_int32), ("mode", ctypes.c_int32)]  # fmt: skip
-
-
-class _AffineSpec(ctypes.Structure):
-    _fields_ = [("q_min", ctypes.c_float), ("q_max", ctypes.c_float), ("clamp_low", ctypes.c_float),
-                ("clamp_high", ctypes.c_float), ("kind", ctypes.c_int32), ("power_of_two", ctypes.c_int32),
-                ("scale_dtype", ctypes.c_int32), ("shorten_bits", ctypes.c_int32), ("mode", ctypes.c_int32),
-                ("unused", ctypes.c_int32), ("scales", ctypes.c_void_p), ("zero_points", ctypes.c_void_p),
-                ("scale_count", ctypes.c_int64), ("zero_point_count", ctypes.c_int64)]  # fmt: skip
 
 
 class _Prepared:
@@ -57,7 +40,7 @@ _prepared: dict[int, _Prepared] = {}
 
 def fixed_point(x: torch.Tensor, spec) -> torch.Tensor | None:
     """Integer.quantize: clamp(round(x * 2^f), q_min, q_max) * 2^-f (spec: width, frac_width, signed)."""
-    entry = kernels.function("lb_fixed_f32", _FIXED_ARGS)
+    entry = kernels.function("lb_fixed_f32")
     prepared = _prepared_for(spec, _fixed_structure)
     half = kernels.HALF_CODES.get(x.dtype)
     if entry is None or prepared.address is None or half is None:
@@ -70,7 +53,7 @@ def fixed_point(x: torch.Tensor, spec) -> torch.Tensor | None:
 def affine(x: torch.Tensor, spec, block_shape) -> torch.Tensor | None:
     """Affine.quantize: given parameters, or min-max ones over the blocks ``block_shape(shape, block_size,
     axis, skip_first_dim)`` gives (formats.blocking.block_shape, passed in: it lives a layer above)."""
-    entry = kernels.function("lb_affine_f32", _AFFINE_ARGS, INT)  # 0: it could not allocate (nothing written)
+    entry = kernels.function("lb_affine_f32")  # 0: it could not allocate (nothing written)
     prepared = _prepared_for(spec, _affine_structure)
     half = kernels.HALF_CODES.get(x.dtype)
     if entry is None or prepared.address is None or half is None:
@@ -105,7 +88,7 @@ def _fixed_structure(spec) -> _Prepared:
     width, frac_width = spec.width, spec.frac_width
     q_min, q_max = (-(2 ** (width - 1)), 2 ** (width - 1) - 1) if spec.signed else (0, 2**width - 1)
     keep_sign = frac_width < 0 and not spec.rounding.startswith("nearest")  # see Integer._quantize
-    structure = _FixedSpec(math.ldexp(1.0, frac_width), math.ldexp(1.0, -frac_width), q_min, q_max,
+    structure = FixedSpec(math.ldexp(1.0, frac_width), math.ldexp(1.0, -frac_width), q_min, q_max,
                            int(keep_sign), mode)  # fmt: skip
     return _Prepared(spec, structure)
 
@@ -116,12 +99,12 @@ def _affine_structure(spec) -> _Prepared:
         return _Prepared(spec, None)
     q_min, q_max = spec.code_range
     clamp_low, clamp_high = spec.clamp_range
-    kind = (_FULL_RANGE if spec.full_range_scale else _SYMMETRIC) if spec.symmetric else _ASYMMETRIC
+    kind = AFFINE_KINDS[("full_range" if spec.full_range_scale else "symmetric") if spec.symmetric else "asymmetric"]
     shorten = spec.bits if spec.bits <= _SHORTEN_MAX_CODE_BITS else 0
     scales = torch.tensor(spec.scale if spec.scale is not None else (1.0,), dtype=torch.float32)
     zero_points = torch.tensor(spec.zero_point or (0,), dtype=torch.float32)
-    structure = _AffineSpec(q_min, q_max, clamp_low, clamp_high, kind, int(spec.power_of_two),
-                            _SCALE_DTYPES[spec.scale_dtype], shorten, mode, 0, scales.data_ptr(),
+    structure = AffineSpec(q_min, q_max, clamp_low, clamp_high, kind, int(spec.power_of_two),
+                            AFFINE_SCALE_DTYPES[spec.scale_dtype], shorten, mode, 0, scales.data_ptr(),
                             zero_points.data_ptr(), scales.numel(), zero_points.numel())  # fmt: skip
     return _Prepared(spec, structure, (scales, zero_points))
 

@@ -5,33 +5,31 @@ so the caller falls back to the eager path."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 
 import torch
 
 from lowbit.native import build
+from lowbit.native.interface import ENTRY_POINTS, ROUNDING_CODES, STORAGE_CODES
 
-ROUNDING_CODES = {
-    "nearest_even": 0, "nearest_away": 1, "nearest_toward_zero": 2, "nearest_up": 3, "nearest_down": 4,
-    "toward_zero": 5, "away_from_zero": 6, "up": 7, "down": 8,
-}  # fmt: skip
 _FLOAT32_MIN_NORMAL_EXPONENT = -126
-
-I64, INT, FLOAT, POINTER = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+# The kernels' storage argument: float32, or bfloat16 / float16 (csrc/stream.h, cast.c).
+HALF_CODES = {getattr(torch, name): code for name, code in STORAGE_CODES.items()}
 _bound: dict[str, tuple] = {}
 
 
-def function(name: str, argument_types: list, result_type=None):
-    """The C function ``name`` of the loaded library with these argument and result types (ctypes), or None
-    when no library is loaded. Bound once per library. Callers are gated by ``build.library()`` /
-    ``build.ensure()`` (``backend.native_ready``, a forced native path), which honour $LOWBIT_NATIVE."""
+def function(name: str):
+    """The C function ``name`` of the loaded library, typed as ``interface.ENTRY_POINTS`` lists it (a name
+    missing there raises KeyError), or None when no library is loaded. Bound once per library. Callers are
+    gated by ``build.library()`` / ``build.ensure()`` (``backend.native_ready``, a forced native path), which
+    honour $LOWBIT_NATIVE."""
     library = build.loaded()
     if library is None:
         return None
     bound = _bound.get(name)
     if bound is None or bound[0] is not library:
+        result_type, argument_types = ENTRY_POINTS[name]
         entry = getattr(library, name)
-        entry.argtypes = argument_types
+        entry.argtypes = list(argument_types)
         entry.restype = result_type
         bound = _bound[name] = (library, entry)
     return bound[1]
@@ -40,7 +38,7 @@ def function(name: str, argument_types: list, result_type=None):
 @contextlib.contextmanager
 def _override(setter: str, value: int):
     """Set one of the library's test overrides (``setter(value)``), and its own rule again (0) on exit."""
-    entry = function(setter, [I64])
+    entry = function(setter)
     if entry is None:
         raise RuntimeError("the native library is not loaded")
     entry(value)
@@ -84,19 +82,19 @@ def prefetch(floats: int):
 
 def chunks_run() -> int:
     """How many chunks the loaded library's passes on torch's OpenMP pool have run (0: no library)."""
-    entry = function("lb_chunks_run_count", [], I64)
+    entry = function("lb_chunks_run_count")
     return 0 if entry is None else int(entry())
 
 
 def window_served() -> int:
     """How many TWN scales the loaded library's window has given since it was loaded (0: no library)."""
-    entry = function("lb_window_served_count", [], I64)
+    entry = function("lb_window_served_count")
     return 0 if entry is None else int(entry())
 
 
 def window_wanted(elements: int) -> bool:
     """Whether TWN per tensor over ``elements`` elements tries the window on the loaded library's rule."""
-    entry = function("lb_window_wanted", [I64], INT)
+    entry = function("lb_window_wanted")
     if entry is None:
         raise RuntimeError("the native library is not loaded")
     return bool(entry(elements))
@@ -105,13 +103,13 @@ def window_wanted(elements: int) -> bool:
 def stream_threshold() -> int | None:
     """The output size in bytes from which the loaded library streams its outputs on two threads or more
     (None: no library)."""
-    entry = function("lb_stream_from", [], I64)
+    entry = function("lb_stream_from")
     return None if entry is None else int(entry())
 
 
 def streams(elements: int, threads: int) -> bool:
     """Whether a kernel call writing ``elements`` float32 outputs on ``threads`` threads streams them."""
-    entry = function("lb_streams", [I64, INT], INT)
+    entry = function("lb_streams")
     if entry is None:
         raise RuntimeError("the native library is not loaded")
     return bool(entry(elements, threads))
@@ -120,7 +118,7 @@ def streams(elements: int, threads: int) -> bool:
 def uses_openmp() -> bool:
     """Whether the loaded library's parallel regions run on torch's OpenMP pool (False: threads of its own,
     or no library)."""
-    entry = function("lb_uses_openmp", [], INT)
+    entry = function("lb_uses_openmp")
     return bool(entry is not None and entry())
 
 
@@ -131,7 +129,7 @@ def threads() -> int:
 def float_grid(x: torch.Tensor, mantissa_bits: int, min_exponent: int, max_value: float, rounding: str,
                saturate: bool = True) -> torch.Tensor | None:  # fmt: skip
     """round_to_float_grid on its bit path (the smallest step a normal float32), deterministic modes."""
-    entry = function("lb_float_grid_f32", [POINTER, POINTER, I64, INT, INT, FLOAT, INT, INT, INT, INT])
+    entry = function("lb_float_grid_f32")
     half = HALF_CODES.get(x.dtype)
     if entry is None or half is None or rounding not in ROUNDING_CODES or mantissa_bits < 1:
         return None
@@ -143,14 +141,11 @@ def float_grid(x: torch.Tensor, mantissa_bits: int, min_exponent: int, max_value
     return out
 
 
-# The kernels' storage argument: float32, or bfloat16 / float16 (csrc/stream.h, cast.c).
-HALF_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-
 
 def narrow(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
     """A contiguous float32 CPU tensor as bfloat16 / float16 by casting.saturating_cast's rule (nearest
     even; finite values past the range to its largest finite value), or None (other dtype, no library)."""
-    entry = function("lb_narrow_f32", [POINTER, POINTER, I64, INT, INT])
+    entry = function("lb_narrow_f32")
     half = HALF_CODES.get(dtype)
     if entry is None or not half or x.dtype is not torch.float32 or not x.is_contiguous():
         return None

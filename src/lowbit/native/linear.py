@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from lowbit.native.kernels import I64, INT, POINTER, function, threads
+from lowbit.native.interface import WEIGHT_KINDS
+from lowbit.native.kernels import function, threads
 
-_ARGUMENTS = [POINTER, POINTER, POINTER, POINTER, POINTER, I64, I64, I64, INT]
-_INT4_ARGUMENTS = [POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I64, I64, I64, I64, INT]
-_WEIGHT_ARGUMENTS = [POINTER] * 7 + [I64, I64, I64, I64, INT, INT]
-# csrc/linear.h's enum lb_weight_kind, by name
-KINDS = {"int8_channel": 0, "int4_zero": 1, "int4_min": 2, "int8_group": 3}
+KINDS = WEIGHT_KINDS  # csrc/linear.h's enum lb_weight_kind, by name
 
 
 def _fits(tensors: list[tuple[torch.Tensor, torch.dtype, int]]) -> bool:
@@ -26,7 +23,7 @@ def _fits(tensors: list[tuple[torch.Tensor, torch.dtype, int]]) -> bool:
 def int8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """x [M, K] float32, codes [N, K] int8, scale [N] float32, bias [N] float32 or None -> [M, N]; None where the
     kernel does not apply (no library, other dtypes or devices, non-contiguous, mismatched sizes)."""
-    entry = function("lb_int8_linear_f32", _ARGUMENTS, INT)
+    entry = function("lb_int8_linear_f32")
     if entry is None or x.dim() != 2 or codes.dim() != 2 or x.shape[1] != codes.shape[1]:
         return None
     rows, inner = x.shape
@@ -48,7 +45,7 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, zero_point: torch.Tensor,
                 bias: torch.Tensor | None, group: int) -> torch.Tensor | None:  # fmt: skip
     """x [M, K] float32, packed nibbles [N, K / 2] uint8 (low first), zero_point [N, K / group] uint8, scale
     [N, K / group] float32, bias [N] or None -> [M, N] float32; None where the kernel does not apply."""
-    entry = function("lb_int4_linear_f32", _INT4_ARGUMENTS, INT)
+    entry = function("lb_int4_linear_f32")
     if entry is None or x.dim() != 2 or packed.dim() != 2 or group < 2 or group % 2:
         return None
     rows, inner = x.shape
@@ -74,7 +71,7 @@ def ggml_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, minim
     nibbles [N, K / 2] uint8, lowbit's order, low first; weight code * scale + minimum, the product rounded
     first: Q4_1, Q4_K) or "int8_group" (int8 codes [N, K]; weight code * scale: Q8_0, Q5_0, Q6_K); ``scale``
     and (int4_min) ``minimum`` float32 [N, K / group]. None where the kernel does not apply."""
-    entry = function("lb_weight_linear_f32", _WEIGHT_ARGUMENTS, INT)
+    entry = function("lb_weight_linear_f32")
     if entry is None or kind not in ("int4_min", "int8_group") or x.dim() != 2 or codes.dim() != 2:
         return None
     rows, inner = x.shape
@@ -98,7 +95,6 @@ def ggml_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, minim
     return out if status == 0 else None
 
 
-_ROWS_ARGUMENTS = [POINTER] * 5 + [I64, I64, I64, INT, INT]
 
 
 def weight_rows(kind: str, codes: torch.Tensor, scale: torch.Tensor, *, zero_point: torch.Tensor | None = None,
@@ -108,7 +104,7 @@ def weight_rows(kind: str, codes: torch.Tensor, scale: torch.Tensor, *, zero_poi
     [N, K / group]), "int4_zero" (packed nibbles [N, K / 2], (code - zero_point) * scale per group) or
     "int4_min" (code * scale + minimum per group); float32 scales and minima. None where the kernel does not
     apply (no library, other dtypes or devices, non-contiguous buffers, mismatched sizes)."""
-    entry = function("lb_weight_rows_f32", _ROWS_ARGUMENTS, INT)
+    entry = function("lb_weight_rows_f32")
     if entry is None or kind not in KINDS or codes.dim() != 2:
         return None
     packed = kind.startswith("int4")

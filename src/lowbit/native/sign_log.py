@@ -16,7 +16,6 @@ from lowbit.native import kernels
 _FLOAT32_MAX_EXPONENT = 127
 _RESIDUAL_MAX_POINTS = 32  # RESIDUAL_MAX_POINTS in residual.c
 _TERNARY, _BIPOLAR, _UNIPOLAR = 0, 1, 2  # ELEMENT_* in sign.h
-I64, INT, FLOAT, POINTER = kernels.I64, kernels.INT, kernels.FLOAT, kernels.POINTER
 
 
 def group_layout(shape: torch.Size, axis: int | None) -> tuple[int, int, int] | None:
@@ -46,7 +45,7 @@ def _per_group(values: tuple[float, ...] | None, groups: int) -> torch.Tensor | 
 def log(x: torch.Tensor, min_exponent: int, max_exponent: int, rounding: str, log_domain: bool,
         below_sqrt2: float) -> torch.Tensor | None:  # fmt: skip
     """formats/log.round_to_power_of_two on float32 (``below_sqrt2``: the largest float32 below sqrt(2))."""
-    entry = kernels.function("lb_log_f32", [POINTER, POINTER, I64, INT, INT, FLOAT, INT, INT, INT, INT])
+    entry = kernels.function("lb_log_f32")
     mode, half = kernels.ROUNDING_CODES.get(rounding), kernels.HALF_CODES.get(x.dtype)
     if entry is None or mode is None or half is None or min_exponent > _FLOAT32_MAX_EXPONENT:
         return None
@@ -61,8 +60,7 @@ def ternary(x: torch.Tensor, axis: int | None, threshold: float | None, scaled: 
             alpha: tuple[float, ...] | None) -> torch.Tensor | None:  # fmt: skip
     """formats/ternary.py: ``threshold`` fixed (already a magnitude) or None (TWN: 0.75 mean |x| per group);
     the values +-alpha (given), +-TWN scale (``scaled``) or +-1."""
-    entry = kernels.function("lb_ternary_f32", [POINTER, POINTER, I64, I64, I64, INT, FLOAT, INT, POINTER, INT, INT],
-                             INT)  # fmt: skip
+    entry = kernels.function("lb_ternary_f32")
     prepared = _grouped(entry, x, axis, alpha)
     if prepared is None:
         return None
@@ -75,7 +73,7 @@ def ternary(x: torch.Tensor, axis: int | None, threshold: float | None, scaled: 
 def binary(x: torch.Tensor, axis: int | None, bipolar: bool, scaled: bool,
            alpha: tuple[float, ...] | None) -> torch.Tensor | None:  # fmt: skip
     """formats/binary.py, deterministic: +-1 / {0, 1}, scaled by the given alpha or the per-group mean."""
-    entry = kernels.function("lb_binary_f32", [POINTER, POINTER, I64, I64, I64, INT, INT, POINTER, INT, INT], INT)
+    entry = kernels.function("lb_binary_f32")
     prepared = _grouped(entry, x, axis if scaled else None, alpha)
     if prepared is None:
         return None
@@ -101,7 +99,7 @@ def _grouped(entry, x: torch.Tensor, axis: int | None, alpha: tuple[float, ...] 
 def residual(x: torch.Tensor, thresholds: tuple[float, ...], values: tuple[float, ...]) -> torch.Tensor | None:
     """formats/binary.BinaryResidual: values[the number of ``thresholds`` x reaches] (at most 32 thresholds,
     ascending; -0 does not reach a +0 threshold)."""
-    entry = kernels.function("lb_residual_f32", [POINTER, POINTER, I64, INT, POINTER, POINTER, INT, INT])
+    entry = kernels.function("lb_residual_f32")
     half = kernels.HALF_CODES.get(x.dtype)
     if entry is None or half is None or len(thresholds) > _RESIDUAL_MAX_POINTS or len(values) != len(thresholds) + 1:
         return None

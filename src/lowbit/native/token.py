@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from lowbit.native.kernels import FLOAT, I64, INT, POINTER, function, threads
+from lowbit.native.kernels import function, threads
 
 _TINY = float(torch.finfo(torch.float32).tiny)
-_QUANTIZE = [POINTER, POINTER, I64, I64, POINTER, POINTER, FLOAT, FLOAT, FLOAT, FLOAT, INT, INT]
-_RESCALE = [POINTER, POINTER, I64, I64, POINTER, POINTER, POINTER, POINTER, POINTER, INT, INT]
 
 
 def _usable(*tensors: torch.Tensor | None) -> bool:
@@ -19,7 +17,7 @@ def _usable(*tensors: torch.Tensor | None) -> bool:
 
 def quantize(x: torch.Tensor, symmetric: bool, q_max: int, float_codes: bool):
     """(codes [M, K] int8 or integer-valued float32, scale [M, 1], offset [M, 1] or None), or None."""
-    entry = function("lb_token_quantize_f32", _QUANTIZE)
+    entry = function("lb_token_quantize_f32")
     if entry is None or x.dtype != torch.float32 or x.dim() != 2 or not _usable(x):
         return None
     rows, columns = x.shape
@@ -38,7 +36,7 @@ def rescale(sums: torch.Tensor, scale: torch.Tensor, weight_scale: torch.Tensor,
     """sums * scale * weight_scale (+ offset * weight_sums) (+ bias) as float32 [M, N]: in place for float32
     sums (the caller's own tensor) and for int32 sums the caller hands over (``owned``: the result is their
     buffer viewed as float32, one pass over one buffer), else a new tensor; None where it does not apply."""
-    entry = function("lb_token_rescale_f32", _RESCALE)
+    entry = function("lb_token_rescale_f32")
     vectors = (scale, weight_scale, offset, weight_sums, bias)
     if entry is None or sums.dtype not in (torch.int32, torch.float32) or sums.dim() != 2:
         return None

@@ -6,6 +6,7 @@
 #include <float.h>
 #include "common.h"
 
+/* Numbered as lowbit.native.interface.AFFINE_KINDS, AFFINE_SCALE_DTYPES and AFFINE_LAYOUTS. */
 enum { KIND_ASYMMETRIC, KIND_SYMMETRIC, KIND_FULL_RANGE };
 enum { SCALE_F32, SCALE_F16, SCALE_BF16 };
 enum { LAYOUT_TENSOR, LAYOUT_ROWS, LAYOUT_CHANNELS, LAYOUT_GIVEN };

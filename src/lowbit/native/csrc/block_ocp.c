@@ -8,11 +8,14 @@ typedef struct {
     int saturating, overflow_inf, past_positive, past_negative;
 } ocp_element;
 
+/* What an element past max becomes: the type saturates, +-inf (e5m2) or NaN (e4m3); numbered as
+ * lowbit.native.interface.OVERFLOW_KINDS. */
+enum { LB_OVERFLOW_SATURATE, LB_OVERFLOW_INF, LB_OVERFLOW_NAN };
+
 static ocp_element make_element(int mantissa_bits, int min_exponent, float max_value, int overflow_kind,
                                 int saturate, int mode) {
-    /* overflow_kind: 0 the type saturates, 1 overflow -> +-inf (e5m2), 2 overflow -> NaN (e4m3) */
     ocp_element element = {mantissa_bits << 23, (min_exponent - mantissa_bits + 127) << 23, max_value,
-                           saturate || overflow_kind == 0, overflow_kind == 1,
+                           saturate || overflow_kind == LB_OVERFLOW_SATURATE, overflow_kind == LB_OVERFLOW_INF,
                            mode != LB_TOWARD_ZERO && mode != LB_DOWN, mode != LB_TOWARD_ZERO && mode != LB_UP};
     return element;
 }

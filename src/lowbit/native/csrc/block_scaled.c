@@ -2,6 +2,9 @@
 #include "block_common.h"
 
 /* ---- MX (mx.py): E8M0 scale 2^s per block, elements on the float grid scaled by 2^s ------------------ */
+/* The shared exponent's rule, numbered as lowbit.native.interface.SCALE_RULES. */
+enum { LB_SCALE_RULE_FLOOR, LB_SCALE_RULE_CEIL, LB_SCALE_RULE_EVEN };
+
 typedef struct {
     block_geometry geometry;
     int mantissa_bits, element_min_exponent, emax, rule, mode;
@@ -13,8 +16,8 @@ static int mx_shared_exponent(float amax, const mx_job *job) {
     int exponent = floor_log2_float(amax), increment = 0;
     float normal = lb_bits(amax) >= 0x00800000u ? amax : amax * 16777216.0f;
     float mantissa = lb_float((lb_bits(normal) & 0x007fffffu) | (126u << 23)); /* frexp: [0.5, 1) */
-    if (job->rule == 1) increment = mantissa * pow2_float(job->emax + 1) > job->element_max;
-    else if (job->rule == 2) {
+    if (job->rule == LB_SCALE_RULE_CEIL) increment = mantissa * pow2_float(job->emax + 1) > job->element_max;
+    else if (job->rule == LB_SCALE_RULE_EVEN) {
         float top = pow2_float(job->mantissa_bits + 1);
         increment = rintf(mantissa * top) == top;
     }
@@ -62,7 +65,7 @@ LB_INLINE void mx_group(const mx_job *job, int64_t first, const float *restrict 
         int32_t bits = largest[item];
         float mantissa = lb_float(((uint32_t)bits & 0x007fffffu) | (126u << 23)); /* frexp: [0.5, 1) */
         int32_t ceiling = mantissa * ceiling_factor > element_max, even = rintf(mantissa * top) == top;
-        int32_t shared = (bits >> 23) - 127 - emax + (rule == 1 ? ceiling : (rule == 2 ? even : 0));
+        int32_t shared = (bits >> 23) - 127 - emax + (rule == LB_SCALE_RULE_CEIL ? ceiling : (rule == LB_SCALE_RULE_EVEN ? even : 0));
         shared = shared < -127 ? -127 : (shared > 127 ? 127 : shared);
         usual[item] = bits >= 0x00800000;
         all_usual &= usual[item];
@@ -95,7 +98,7 @@ static void mx_range(const void *context, int64_t begin, int64_t end) {
     LB_FOR_EACH_MODE(job->mode, MX_LOOP)
 }
 
-/* rule: 0 floor, 1 ceil, 2 even; dtype_max: the output dtype's largest finite value; mantissa_bits >= 1. */
+/* rule: LB_SCALE_RULE_*; dtype_max: the output dtype's largest finite value; mantissa_bits >= 1. */
 int lb_mx_f32(const float *x, float *out, int64_t rows, int64_t row_length, int64_t block_length,
                int mantissa_bits, int element_min_exponent, int emax, float element_max, int rule, float dtype_max,
                int mode, int half, int threads) {

@@ -15,8 +15,8 @@ static void narrow_range(const void *context, int64_t begin, int64_t end) {
     lb_narrow_halves(job->x + begin, job->out + begin, end - begin, job->kind);
 }
 
-/* half: 1 bfloat16, 2 float16 (the kernels' storage codes) */
+/* half: LB_STORE_BFLOAT16 or LB_STORE_FLOAT16 (common.h) */
 void lb_narrow_f32(const float *x, void *out, int64_t n, int half, int threads) {
-    cast_job job = {x, out, half == 1 ? CAST_BFLOAT16 : CAST_FLOAT16};
+    cast_job job = {x, out, half == LB_STORE_BFLOAT16 ? CAST_BFLOAT16 : CAST_FLOAT16};
     lb_parallel(n, 64, threads, narrow_range, &job);
 }

@@ -9,11 +9,14 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Rounding modes, numbered as lowbit.native.kernels.ROUNDING_CODES. */
+/* Rounding modes, numbered as lowbit.native.interface.ROUNDING_CODES. */
 enum {
     LB_NEAREST_EVEN, LB_NEAREST_AWAY, LB_NEAREST_TOWARD_ZERO, LB_NEAREST_UP, LB_NEAREST_DOWN,
     LB_TOWARD_ZERO, LB_AWAY_FROM_ZERO, LB_UP, LB_DOWN
 };
+
+/* The kernels' `half` argument: what x and out hold, numbered as lowbit.native.interface.STORAGE_CODES. */
+enum { LB_STORE_FLOAT32, LB_STORE_BFLOAT16, LB_STORE_FLOAT16 };
 
 #define LB_INLINE static inline __attribute__((always_inline)) /* one copy per constant argument */
 

@@ -8,7 +8,7 @@
 
 #define TILE 64 /* rows a task works on at once: a 128-column block of them is 32 KB */
 
-enum { SCALE_FLOAT32, SCALE_BFLOAT16, SCALE_FLOAT16 }; /* numbered as lowbit.native.gptq.SCALE_TYPES */
+enum { SCALE_FLOAT32, SCALE_BFLOAT16, SCALE_FLOAT16 }; /* numbered as lowbit.native.interface.INT4_SCALE_TYPES */
 
 /* v rounded to the scale's storage dtype and widened again (torch's .to(dtype).float(); callers keep |v| within
  * the dtype's range, so nothing saturates). */

@@ -5,7 +5,7 @@
 
 #include "common.h"
 
-/* What the codes mean. Each weight is the reference's float32 value bit for bit (one rounding for a product,
+/* What the codes mean (numbered as lowbit.native.interface.WEIGHT_KINDS). Each weight is the reference's float32 value bit for bit (one rounding for a product,
  * two for ggml's product-then-sum); the int8 channel scale alone is applied to the sum instead. */
 enum lb_weight_kind {
     LB_INT8_CHANNEL = 0, /* int8 codes [N, K], one scale per output row (applied to the sum) */

@@ -135,11 +135,12 @@ static inline void lb_sink_close(lb_sink *sink) {
  * into out (half.h), so the pass moves the halves once and no float32 tensor exists. */
 typedef void (*lb_span_fn)(const void *job, const float *x, float *out, int64_t n);
 
-/* A pass's storage: LB_HALF_BFLOAT16 / LB_HALF_FLOAT16 for x and out holding halves (`half` 1 / 2), else
- * whether its float32 output streams (lb_streams). */
+/* A pass's storage: LB_HALF_BFLOAT16 / LB_HALF_FLOAT16 for x and out holding halves, else whether its float32
+ * output streams (lb_streams). */
 enum { LB_HALF_BFLOAT16 = -1, LB_HALF_FLOAT16 = -2 };
 static inline int lb_storage(int64_t n, int threads, int half) {
-    return half == 1 ? LB_HALF_BFLOAT16 : half == 2 ? LB_HALF_FLOAT16 : lb_streams(n, threads);
+    return half == LB_STORE_BFLOAT16 ? LB_HALF_BFLOAT16 : half == LB_STORE_FLOAT16 ? LB_HALF_FLOAT16
+                                                                                  : lb_streams(n, threads);
 }
 
 /* GCC cannot see that fn writes every element of `result` it is given (through a function pointer). */
