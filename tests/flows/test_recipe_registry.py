@@ -13,7 +13,7 @@ from torch import nn
 import lowbit
 from lowbit.errors import ConfigError
 from lowbit.flows import RECIPES, REAL_RECIPES, handler_for, handles
-from lowbit.flows.recipes import Recipe
+from lowbit.flows.recipes import Recipe, recipe
 from lowbit.graph.plan import Simulated, apply
 from lowbit.nn.roles import RoleFormats
 
@@ -26,7 +26,21 @@ def test_every_named_recipe_has_a_handler():
     assert set(REAL_RECIPES) == {name for name, cls in RECIPES.items() if cls.builds_real_modules}
 
 
-def test_a_new_recipe_is_a_class_and_a_handler():
+@pytest.fixture
+def clean_registry():
+    """Whatever a test registers is gone after it (no other test sees its recipe names)."""
+    from lowbit.flows import recipe_base
+
+    classes, handlers = dict(recipe_base.RECIPE_CLASSES), dict(recipe_base._HANDLERS)
+    yield
+    recipe_base.RECIPE_CLASSES.clear()
+    recipe_base.RECIPE_CLASSES.update(classes)
+    recipe_base._HANDLERS.clear()
+    recipe_base._HANDLERS.update(handlers)
+
+
+def test_a_new_recipe_is_a_class_and_a_handler(clean_registry):
+    @recipe
     @dataclasses.dataclass
     class HalfWidthLinears(Recipe):
         name: ClassVar[str] = "test_half_width"
@@ -40,14 +54,14 @@ def test_a_new_recipe_is_a_class_and_a_handler():
         return {"recipe": recipe.name, "quantized": list(apply(root, plan).placed)}
 
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
-    _, info = lowbit.quantize_model(model, HalfWidthLinears(width=6))
+    _, info = lowbit.quantize_model(model, "test_half_width", width=6)  # by name, as a TOML table names it
     assert info == {"recipe": "test_half_width", "quantized": ["0", "2"]}
     x = torch.randn(3, 8)
     weight = lowbit.quantize(model[0].weight.detach(), "integer", width=6, frac_width=3)
     assert torch.equal(model[0](x), nn.functional.linear(x, weight, model[0].bias))
 
 
-def test_a_recipe_without_a_handler_and_a_second_handler_are_refused():
+def test_a_recipe_without_a_handler_and_a_second_handler_or_name_are_refused(clean_registry):
     @dataclasses.dataclass
     class Orphan(Recipe):
         name: ClassVar[str] = "test_orphan"
@@ -55,6 +69,13 @@ def test_a_recipe_without_a_handler_and_a_second_handler_are_refused():
     with pytest.raises(ConfigError, match="no handler registered"):
         lowbit.quantize_(nn.Sequential(nn.Linear(2, 2)), Orphan())
 
-    handles(Orphan)(lambda root, recipe: {})
+    handles(Orphan)(lambda root, options: {})
     with pytest.raises(ConfigError, match="has a handler already"):
-        handles(Orphan)(lambda root, recipe: {"other": True})
+        handles(Orphan)(lambda root, options: {"other": True})
+
+    @dataclasses.dataclass
+    class Impostor(Recipe):
+        name: ClassVar[str] = "int8_dynamic"
+
+    with pytest.raises(ConfigError, match="taken by Int8Dynamic"):
+        recipe(Impostor)
