@@ -12,7 +12,7 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "lowbit"
 
 # Lower number = lower floor. A module may import its own package and any lower floor, never a higher one.
 FLOORS = {
-    "errors": 0, "_version": 0, "_io": 1, "_model": 1, "_persist": 2, "_checksum": 3, "models": 1, "datasets": 3,
+    "errors": 0, "_version": 0, "_checks": 1, "_io": 1, "_model": 1, "_persist": 2, "_checksum": 3, "models": 1, "datasets": 3,
     "native": 1, "casting": 1, "format_record": 1, "backend": 2, "formats": 3,  # _persist (2) builds on _io;
     # _checksum and datasets (3) on _persist (datasets: its corpus cache)
     "api": 4, "calibrate": 4, "qtensor": 4, "nn": 4,

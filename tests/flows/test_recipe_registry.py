@@ -79,3 +79,17 @@ def test_a_recipe_without_a_handler_and_a_second_handler_or_name_are_refused(cle
 
     with pytest.raises(ConfigError, match="taken by Int8Dynamic"):
         recipe(Impostor)
+
+
+def test_option_checks_share_one_wording_across_recipes_search_and_the_report():
+    from lowbit.errors import ReportError
+    from lowbit.report.analysis import _flag
+    from lowbit.search.config import parse_search
+
+    seed = {"search_space": {"seed": {"default": {"choices": ["int8"]}}}}
+    with pytest.raises(ConfigError, match=r"^config: setup.n_trials=0 must be a positive int$"):
+        parse_search({**seed, "strategy": {"setup": {"n_trials": 0}}})
+    with pytest.raises(ConfigError, match=r"^rotate: online_down='yes' must be true or false$"):
+        lowbit.quantize_(nn.Sequential(nn.Linear(2, 2)), "rotate", online_down="yes")
+    with pytest.raises(ReportError, match=r"gradients='yes' must be true or false$"):
+        _flag("yes", "gradients")

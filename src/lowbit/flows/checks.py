@@ -1,11 +1,15 @@
-"""The one-line checks every recipe field goes through (``lowbit.flows.recipes``' ``check()`` methods): each
-raises ConfigError naming the recipe, the field and the legal values; and the granularity vocabulary."""
+"""The checks recipe fields go through (``check()`` methods): ``flag`` / ``choice`` / ``positive_int`` are
+:mod:`lowbit._checks`' one wording under the names the recipes call; the recipe-only ones; the granularity
+vocabulary."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from lowbit.errors import ConfigError, did_you_mean
+from lowbit._checks import check_choice as choice
+from lowbit._checks import check_flag as flag
+from lowbit._checks import check_positive_int as positive_int
+from lowbit.errors import ConfigError
 
 GRANULARITIES = ("tensor", "channel", "token", "group")
 
@@ -31,17 +35,6 @@ def conv_option(recipe: str, value: Any) -> None:
         raise ConfigError(f"{recipe}: include_conv={value!r} must be true, false or \"auto\"")
 
 
-def flag(recipe: str, field: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{recipe}: {field}={value!r} must be true or false")
-
-
-def choice(recipe: str, field: str, value: Any, legal: tuple) -> None:
-    if not any(type(value) is type(option) and value == option for option in legal):  # 7.0 is not 7, True not 1
-        raise ConfigError(f"{recipe}: {field}={value!r}{did_you_mean(str(value), [str(v) for v in legal])}; "
-                          f"legal: {', '.join(str(v) for v in legal)}")  # fmt: skip
-
-
 def smoothquant_option(recipe: str, value: Any) -> None:
     """``smoothquant``: None (off) or SmoothQuant's migration strength alpha in (0, 1]."""
     if value is None:
@@ -49,11 +42,6 @@ def smoothquant_option(recipe: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise ConfigError(f"{recipe}: smoothquant={value!r} must be a number in (0, 1] (SmoothQuant's alpha) "
                           "or None (off)")  # fmt: skip
-
-
-def positive_int(recipe: str, field: str, value: Any, even: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (even and value % 2):
-        raise ConfigError(f"{recipe}: {field}={value!r} must be a positive{' even' if even else ''} int")
 
 
 __all__ = ["GRANULARITIES", "choice", "conv_option", "flag", "granularity_params", "positive_int", "smoothquant_option"]

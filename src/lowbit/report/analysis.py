@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from lowbit._checks import check_flag
 from lowbit.errors import LowbitError, ReportError
 from lowbit.graph.metadata import REQUIRED, read_pass_args
 from lowbit.graph.qgraph import QGraph
@@ -235,9 +236,7 @@ def _header_fields(header: Any) -> dict[str, str]:
 
 
 def _flag(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise ReportError(f"{PASS_NAME}: {name}={value!r} must be true or false")
-    return value
+    return check_flag(PASS_NAME, name, value, ReportError)
 
 
 def _latency_runs(runs: Any) -> int:

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from lowbit._checks import check_choice, check_flag, check_positive_int
 from lowbit.errors import ConfigError, did_you_mean
 
 SPACE_NAMES = ("graph/quantize/mixed_precision_ptq", "module/quantize/mixed_precision_ptq",
@@ -187,9 +188,7 @@ def _known(table: Mapping[str, Any], keys: tuple[str, ...], name: str, where: st
 
 
 def _choice(value: Any, choices: tuple[str, ...], name: str, where: str) -> str:
-    if value not in choices:
-        raise ConfigError(f"{where}: {name} = {value!r} is not one of {', '.join(choices)}")
-    return value
+    return check_choice(where, name, value, choices)
 
 
 def _strings(value: Any, name: str, where: str) -> list[str]:
@@ -201,15 +200,11 @@ def _strings(value: Any, name: str, where: str) -> list[str]:
 
 
 def _positive_int(value: Any, name: str, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{where}: {name} must be a positive integer, got {value!r}")
-    return value
+    return check_positive_int(where, name, value)
 
 
 def _bool(value: Any, name: str, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{where}: {name} must be true or false, got {value!r}")
-    return value
+    return check_flag(where, name, value)
 
 
 __all__ = ["METRICS", "SAMPLERS", "SearchConfig", "parse_search"]
