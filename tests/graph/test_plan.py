@@ -12,7 +12,7 @@ from torch import nn
 
 from lowbit.errors import ConfigError
 from lowbit.formats import resolve
-from lowbit.graph.plan import MakeReal, Ready, Real, Simulated, apply, build, place
+from lowbit.graph.plan import MakeReal, Ready, Real, Simulated, Transform, apply, build, place
 from lowbit.nn.modules import QuantConv2d, QuantLinear
 from lowbit.nn.roles import RoleFormats
 from lowbit.ops import Int4WeightOnlyLinear, Int8Conv2d
@@ -78,6 +78,24 @@ def test_ready_entries_put_a_module_back_and_build_leaves_the_layer_alone():
     assert model[0] is built
     apply(model, {"0": Ready(original)})
     assert model[0] is original
+
+
+def test_transforms_run_first_and_say_what_they_did():
+    model, formats = _model(), RoleFormats(weight=resolve("integer", width=8, frac_width=6))
+    doubled = model[0].weight.detach() * 2
+
+    def double_first_layer(root):
+        with torch.no_grad():
+            root[0].weight.mul_(2)
+        return {"factor": 2}
+
+    # the Simulated entry comes first in the plan, yet it is built from the transformed weight
+    applied = apply(model, {"0": Simulated(formats), "": Transform(double_first_layer),
+                            "2": Transform(lambda block: {"block": type(block).__name__})})  # fmt: skip
+    assert applied.transformed == {"": {"factor": 2}, "2": {"block": "Sequential"}}
+    assert isinstance(model[0], QuantLinear) and torch.equal(model[0].weight, doubled)
+    with pytest.raises(ConfigError, match="builds none"):
+        build(model[0], Transform(double_first_layer))
 
 
 @pytest.mark.parametrize("entry, message", [

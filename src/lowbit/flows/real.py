@@ -28,7 +28,7 @@ from lowbit.flows.recipes import (
     handles,
 )
 from lowbit.formats import resolve
-from lowbit.graph.plan import Entry, Ready, Real, apply, build
+from lowbit.graph.plan import Entry, Ready, Real, Transform, apply, build
 from lowbit.graph.select import select_layers
 from lowbit.nn.roles import RoleFormats
 
@@ -95,7 +95,8 @@ def quantize_real(root: nn.Module, recipe: Recipe) -> dict[str, Any]:
 
         batches = list(recipe.calibration_data)  # read twice (w8a8_static calibrates after the smoothing)
         recipe = dataclasses.replace(recipe, calibration_data=batches)
-        smoothing = smooth_quant(root, batches, float(recipe.smoothquant), targets)
+        fold = Transform(lambda model: smooth_quant(model, batches, float(recipe.smoothquant), targets))
+        smoothing = apply(root, {"": fold}).transformed[""]
     factory = _factory(recipe)(root, targets, recipe) if targets else None
     smoothed = _smoothing_records(smoothing)
     plan = {name: _with_record(factory(name, module), smoothed.get(name)) for name, module in targets.items()}
@@ -219,8 +220,11 @@ def _int4_factory(root, targets, recipe: Int4WeightOnly):
         from lowbit.ops.int4 import SCALE_DTYPES
 
         recipe = dataclasses.replace(recipe, calibration_data=list(recipe.calibration_data))  # read twice
-        awq_info, power = awq_scale(root, targets, recipe.calibration_data, lambda weight: int4_rounded(
-            weight, recipe.group_size, SCALE_DTYPES[recipe.scale_dtype]))  # fmt: skip
+        def rounded(weight):
+            return int4_rounded(weight, recipe.group_size, SCALE_DTYPES[recipe.scale_dtype])
+
+        fold = Transform(lambda model: awq_scale(model, targets, recipe.calibration_data, rounded))
+        awq_info, power = apply(root, {"": fold}).transformed[""]
     if recipe.method in ("gptq", "awq+gptq"):
         from lowbit.flows.gptq import gptq_modules
 

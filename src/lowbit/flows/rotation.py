@@ -35,7 +35,7 @@ from torch import nn
 
 from lowbit.errors import ConfigError
 from lowbit.flows.recipes import Rotate, handles
-from lowbit.graph.plan import Ready, apply
+from lowbit.graph.plan import Ready, Transform, apply
 from lowbit.ops.hadamard import OnlineHadamard, Rotation, factor_matrices, hadamard_factors, orthonormal_hadamard
 
 log = logging.getLogger("lowbit")
@@ -60,6 +60,11 @@ class HadamardGatedMLP(nn.Module):
 
 
 @handles(Rotate)
+def rotate(root: nn.Module, recipe: Rotate) -> dict[str, Any]:
+    """The recipe's handler: the rotation as the model's one plan entry, carried out by the plan's apply."""
+    return apply(root, {"": Transform(lambda model: rotate_model(model, recipe))}).transformed[""]
+
+
 def rotate_model(root: nn.Module, recipe: Rotate) -> dict[str, Any]:
     """Rotate ``root`` in place (see the module docstring); returns the info dict."""
     decoder, layers, head_dim = _layout(root)

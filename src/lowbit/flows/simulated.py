@@ -15,7 +15,7 @@ from lowbit.errors import ConfigError, LowbitError
 from lowbit.flows.recipes import FormatRecipe, PassArgs, handles
 from lowbit.formats import FormatSpec, resolve
 from lowbit.graph.module_swap import quantize_module_transform_pass
-from lowbit.graph.plan import MakeReal, Simulated, apply
+from lowbit.graph.plan import MakeReal, Simulated, Transform, apply
 from lowbit.graph.select import select_layers, swappable_modules
 from lowbit.nn.modules import MODULE_FOR_OP, QuantLinear
 from lowbit.nn.roles import RoleFormats
@@ -75,7 +75,8 @@ def _format_awq(root: nn.Module, plan: dict[str, RoleFormats], spec: FormatSpec,
     from lowbit.flows.awq import awq_scale
 
     targets = {name: root.get_submodule(name) for name in plan if type(root.get_submodule(name)) is nn.Linear}
-    info, _ = awq_scale(root, targets, recipe.calibration_data, spec.quantize)
+    fold = Transform(lambda model: awq_scale(model, targets, recipe.calibration_data, spec.quantize))
+    info, _ = apply(root, {"": fold}).transformed[""]
     return info
 
 

@@ -17,18 +17,20 @@ Entries:
 - :class:`MakeReal`: a layer that is a simulated ``QuantLinear`` already, made real where a kernel computes
   its formats and kept (with the reason) where none does;
 - :class:`Ready`: a module built already (a GPTQ stage's layers, codes read from a file, the float layer
-  put back, an attention layer's new quantizer child).
+  put back, an attention layer's new quantizer child);
+- :class:`Transform`: a model-level change made in place to the named module (``""``: the root) and what
+  lies under it (a Hadamard rotation, SmoothQuant's or AWQ's scales folded into the ops before a layer); the
+  transforms of a plan run first, before any module is built.
 
 ``Real`` and ``Ready`` entries may carry ``record``, merged into the real module's ``algorithm`` record
-(what the method did, for the report). Model-level transforms (rotation, SmoothQuant's and AWQ's folded
-scales) change weights in place before a plan is made; they are their recipe handlers' preparation, and
-the info dict says what they did.
+(what the method did, for the report). A recipe whose layers are built from transformed weights applies
+its transform's plan first and then its layers' plan.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
@@ -77,15 +79,24 @@ class Ready:
     record: Mapping[str, Any] | None = None
 
 
-Entry = Simulated | Real | MakeReal | Ready
+@dataclasses.dataclass(frozen=True)
+class Transform:
+    """``run(module) -> info``: a change made in place to the named module; ``info`` says what it did."""
+
+    run: Callable[[nn.Module], Any]
+
+
+Entry = Simulated | Real | MakeReal | Ready | Transform
 
 
 @dataclasses.dataclass
 class Applied:
-    """What :func:`apply` did: name -> class name of each module placed, name -> why a layer was kept."""
+    """What :func:`apply` did: name -> class name of each module placed, name -> why a layer was kept, name ->
+    what each transform said it did."""
 
     placed: dict[str, str] = dataclasses.field(default_factory=dict)
     kept: dict[str, str] = dataclasses.field(default_factory=dict)
+    transformed: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def build(layer: nn.Module, entry: Entry, name: str = "") -> nn.Module | None:
@@ -95,10 +106,15 @@ def build(layer: nn.Module, entry: Entry, name: str = "") -> nn.Module | None:
 
 
 def apply(root: nn.Module, plan: Mapping[str, Entry]) -> Applied:
-    """Carry ``plan`` out on ``root`` (in place): every module is built first, then all are placed, so a
-    refusal leaves the model as it was. Returns what was placed and what was kept (MakeReal without a kernel)."""
+    """Carry ``plan`` out on ``root`` (in place): its transforms run first; then every module is built, then
+    all are placed, so a refusal while building leaves the layers as they were. Returns what was placed and what was kept (MakeReal without a kernel)."""
     built, applied = {}, Applied()
     for name, entry in plan.items():
+        if isinstance(entry, Transform):
+            applied.transformed[name] = entry.run(root.get_submodule(name))
+    for name, entry in plan.items():
+        if isinstance(entry, Transform):
+            continue
         layer = None if isinstance(entry, Ready) else root.get_submodule(name)  # a Ready module may add a child
         new, reason = _made(layer, entry, name)
         if new is None:
@@ -120,6 +136,8 @@ def _made(layer: nn.Module, entry: Entry, name: str) -> tuple[nn.Module | None, 
         return _converted(layer, entry.compute_dtype)
     if isinstance(entry, Real):
         return _stamped(_real(layer, entry, name), entry.record), ""
+    if isinstance(entry, Transform):
+        raise ConfigError(f"{name or 'the model'}: a Transform changes a module in place and builds none; apply it")
     raise ConfigError(f"{name or 'a layer'}: unknown plan entry {type(entry).__name__}")
 
 
@@ -173,4 +191,4 @@ def _stamped(module: nn.Module, record: Mapping[str, Any] | None) -> nn.Module:
     return module
 
 
-__all__ = ["Applied", "Entry", "MakeReal", "Ready", "Real", "Simulated", "apply", "build", "place"]
+__all__ = ["Applied", "Entry", "MakeReal", "Ready", "Real", "Simulated", "Transform", "apply", "build", "place"]
