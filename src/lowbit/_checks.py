@@ -32,4 +32,18 @@ def check_positive_int(where: str, field: str, value: Any, even: bool = False,
     return value
 
 
-__all__ = ["check_choice", "check_flag", "check_positive_int"]
+def check_text(where: str, field: str, value: Any, error: type[LowbitError] = ConfigError) -> str:
+    """``value`` when it is a string."""
+    if not isinstance(value, str):
+        raise error(f"{where}: {field}={value!r} must be a string")
+    return value
+
+
+def check_texts(where: str, field: str, value: Any, error: type[LowbitError] = ConfigError) -> list[str]:
+    """``value`` when it is a list of strings."""
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise error(f"{where}: {field}={value!r} must be a list of strings")
+    return value
+
+
+__all__ = ["check_choice", "check_flag", "check_positive_int", "check_text", "check_texts"]

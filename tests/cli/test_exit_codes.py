@@ -54,11 +54,11 @@ def test_gpu_accelerator_without_a_gpu(lowbit_cli):
 
 
 @pytest.mark.parametrize("table, expected", [
-    ("[passes.calibrate]\nnum_batches = -1\n", "[passes.calibrate] num_batches must be a positive integer, got -1"),
-    ("[passes.quantization_report]\nnum_batches = 0\n", "num_batches must be a positive integer, got 0"),
-    ('[passes.quantize_weight_only]\nbits = "8"\n', "bits must be a positive integer, got '8'"),
-    ("[passes.calibrate]\nsymmetric = 1\n", "symmetric must be true or false, got 1"),
-    ("[passes.quantize_dynamic]\ngranularity = 3\n", "[passes.quantize_dynamic] granularity must be a string, got 3"),
+    ("[passes.calibrate]\nnum_batches = -1\n", "[passes.calibrate]: num_batches=-1 must be a positive int"),
+    ("[passes.quantization_report]\nnum_batches = 0\n", "num_batches=0 must be a positive int"),
+    ('[passes.quantize_weight_only]\nbits = "8"\n', "bits='8' must be a positive int"),
+    ("[passes.calibrate]\nsymmetric = 1\n", "symmetric=1 must be true or false"),
+    ("[passes.quantize_dynamic]\ngranularity = 3\n", "[passes.quantize_dynamic]: granularity=3 must be a string"),
     ('[passes.quantize_model]\nrecipe = "int4_weight_only"\nscale_dtype = ["bf16"]\n', "scale_dtype=['bf16']"),
 ])  # fmt: skip
 def test_wrong_typed_pass_values_exit_2(lowbit_cli, tmp_path, table, expected):

@@ -119,7 +119,7 @@ def test_gptq_announces_its_wait(trained, capsys):
     ('recipe = "int4_weight_only"\ngroup_sise = 32', "unknown option 'group_sise' (did you mean 'group_size'?)"),
     ('recipe = "int4_weight_only"\nscale_dtype = ["bf16"]', "scale_dtype=['bf16']"),
     ('recipe = "int4_weight_only"\nmethod = "gptx"', "method='gptx'"),
-    ('recipe = "w8a8_static"\nnum_batches = -1', "num_batches must be a positive integer, got -1"),
+    ('recipe = "w8a8_static"\nnum_batches = -1', "num_batches=-1 must be a positive int"),
     ('recipe = "int8_dynamic"\ncalibration_data = 3', "cannot be given in a file"),
     ('recipe = "mxfp4_e2m1"\nroles = ["wieght"]', "roles='wieght'"),
     ('recipe = "int8_dynamic"\n[passes.profile_statistics]\nby = "type"', "needs a traced graph"),

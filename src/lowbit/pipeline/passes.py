@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from lowbit._checks import check_flag, check_positive_int, check_text, check_texts
 from lowbit.errors import ConfigError, did_you_mean
 
 
@@ -242,30 +243,22 @@ def check_pass_keys(name: str, args: dict[str, Any], style: str) -> None:
         _check_value(name, key, value)
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-# What a value of each common adapter key must be (None is always allowed: MASE's "NA").
-_VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    **{key: ("a positive integer", _positive_int) for key in ("num_batches", "num_samples", "bits", "weight_bits",
-                                                               "group_size", "weight_group_size")},
-    **{key: ("true or false", lambda v: isinstance(v, bool)) for key in ("signed", "symmetric", "sensitivity",
-                                                                          "print_table", "print", "profile_output_activation",
-                                                                          "gradients")},
-    **{key: ("a string", lambda v: isinstance(v, str)) for key in ("save_path", "save_dir", "observer", "metric",
-                                                                    "per", "granularity", "activation_format", "by")},
-    "ops": ("a list of op names", lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v)),
+# The check of each common adapter key's value (None is always allowed: MASE's "NA"), in lowbit._checks' wording.
+_VALUE_RULES: dict[str, Callable[[str, str, Any], Any]] = {
+    **dict.fromkeys(("num_batches", "num_samples", "bits", "weight_bits", "group_size", "weight_group_size"),
+                    check_positive_int),
+    **dict.fromkeys(("signed", "symmetric", "sensitivity", "print_table", "print", "profile_output_activation",
+                     "gradients"), check_flag),
+    **dict.fromkeys(("save_path", "save_dir", "observer", "metric", "per", "granularity", "activation_format", "by"),
+                    check_text),
+    "ops": check_texts,
 }  # fmt: skip
 
 
 def _check_value(name: str, key: str, value: Any) -> None:
-    rule = _VALUE_RULES.get(key)
-    if value is None or rule is None:
-        return
-    kind, ok = rule
-    if not ok(value):
-        raise ConfigError(f"[passes.{name}] {key} must be {kind}, got {value!r}")
+    check = _VALUE_RULES.get(key)
+    if value is not None and check is not None:
+        check(f"[passes.{name}]", key, value)
 
 
 __all__ = ["PASSES", "PassSpec", "TransformRun", "check_pass_keys", "check_quantize"]

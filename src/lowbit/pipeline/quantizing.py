@@ -22,6 +22,7 @@ from typing import Any
 
 from torch import nn
 
+from lowbit._checks import check_positive_int
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.flows.recipes import RUN_TIME_FIELDS as RUN_TIME_KEYS  # objects, never in a file
 
@@ -87,8 +88,8 @@ def check_quantize_model(args: dict[str, Any]) -> None:
 
 
 def _check_batches(value: Any, where: str) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigError(f"{where} num_batches must be a positive integer, got {value!r}")
+    if value is not None:
+        check_positive_int(where, "num_batches", value)
 
 
 def needs_data(args: dict[str, Any]) -> bool:
