@@ -107,7 +107,8 @@ def build(layer: nn.Module, entry: Entry, name: str = "") -> nn.Module | None:
 
 def apply(root: nn.Module, plan: Mapping[str, Entry]) -> Applied:
     """Carry ``plan`` out on ``root`` (in place): its transforms run first; then every module is built, then
-    all are placed, so a refusal while building leaves the layers as they were. Returns what was placed and what was kept (MakeReal without a kernel)."""
+    all are placed, so a refusal while building leaves the layers as they were. Returns what was placed, what
+    was kept (a MakeReal without a kernel) and what the transforms did."""
     built, applied = {}, Applied()
     for name, entry in plan.items():
         if isinstance(entry, Transform):
