@@ -159,7 +159,8 @@ def _int8_dynamic(root, targets, recipe: Int8Dynamic):
 
     def factory(name, module):
         if isinstance(module, nn.Conv2d):
-            return Real(module="Int8Conv2d", options={"activation": "dynamic", "channels_last": recipe.conv_channels_last})
+            options = {"activation": "dynamic", "channels_last": recipe.conv_channels_last}
+            return Real(module="Int8Conv2d", options=options)
         return Real(formats=formats)  # act_bits / granularity: in the data_in format
 
     return factory

@@ -154,7 +154,8 @@ def place(root: nn.Module, name: str, module: nn.Module) -> None:
 def _simulated_class(layer: nn.Module, op: str, name: str) -> type[QuantModule]:
     if op:
         if op not in MODULE_FOR_OP:
-            raise ConfigError(f"{name or 'a layer'}: no quantized module for op {op!r}; ops: {', '.join(MODULE_FOR_OP)}")
+            raise ConfigError(f"{name or 'a layer'}: no quantized module for op {op!r}; "
+                              f"ops: {', '.join(MODULE_FOR_OP)}")
         return MODULE_FOR_OP[op]
     for cls in MODULE_FOR_OP.values():
         if isinstance(layer, cls.float_class):
@@ -181,7 +182,8 @@ def _real(layer: nn.Module, entry: Real, name: str) -> nn.Module:
 
     cls = REAL_MODULES.get(entry.module)
     if cls is None:
-        raise ConfigError(f"{name or 'a layer'}: unknown real module {entry.module!r}; known: {', '.join(REAL_MODULES)}")
+        raise ConfigError(f"{name or 'a layer'}: unknown real module {entry.module!r}; "
+                          f"known: {', '.join(REAL_MODULES)}")
     return cls.from_float(layer, **entry.options)
 
 
