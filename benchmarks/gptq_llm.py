@@ -88,8 +88,18 @@ def parse_variant(text: str) -> tuple[str, dict]:
     for item in filter(None, rest.split(",")):
         key, _, value = item.partition("=")
         lowered = value.lower()
-        options[key] = lowered == "true" if lowered in ("true", "false") else (int(value) if value.isdigit() else float(value))
+        options[key] = lowered == "true" if lowered in ("true", "false") else _number_or_word(value)
     return method, options
+
+
+def _number_or_word(value: str):
+    """``12`` -> 12, ``0.01`` -> 0.01, anything else (``float``, a zero-point domain) stays the word."""
+    if value.isdigit():
+        return int(value)
+    try:
+        return float(value)
+    except ValueError:
+        return value
 
 
 @torch.no_grad()
