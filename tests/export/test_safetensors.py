@@ -323,3 +323,39 @@ def test_empty_tensors_and_empty_files_round_trip(tmp_path):
     assert all(back[k].dtype == tensors[k].dtype and back[k].shape == tensors[k].shape for k in tensors)
     lowbit.save({}, tmp_path / "none.safetensors")
     assert lowbit.load(tmp_path / "none.safetensors") == {}
+
+
+def _tied_llama():
+    import copy
+
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=128, tie_word_embeddings=True)  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.model.norm.weight.uniform_(0.5, 1.5)  # folded into lm_head by the rotation: the two then differ
+    return model, copy.deepcopy(model)
+
+
+def test_a_model_saved_after_its_tie_was_broken_loads_as_saved(tmp_path):
+    model, fresh = _tied_llama()
+    lowbit.quantize_(model, "rotate")  # unties lm_head from embed_tokens
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = model(ids).logits
+    lowbit.save(model, tmp_path / "rotated.safetensors")
+    with pytest.warns(UserWarning, match="untied in the model"):
+        loaded = lowbit.load(tmp_path / "rotated.safetensors", model=fresh)
+    assert loaded.lm_head.weight is not loaded.model.embed_tokens.weight and not loaded.config.tie_word_embeddings
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, expected)
+
+
+def test_a_tie_the_file_keeps_stays_tied(tmp_path, recwarn):
+    model, fresh = _tied_llama()
+    lowbit.save(model, tmp_path / "tied.safetensors")
+    loaded = lowbit.load(tmp_path / "tied.safetensors", model=fresh)
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert not [warning for warning in recwarn if "untied" in str(warning.message)]

@@ -17,6 +17,7 @@ dropped silently.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -145,3 +146,40 @@ def _simulated(model: nn.Module, qualname: str, record: dict[str, Any]) -> nn.Mo
         return build(original, Simulated(formats, cls.mase_op), qualname)
     except (LowbitError, KeyError, TypeError, ValueError, AttributeError) as error:
         raise SerializationError(f"module {qualname!r}: cannot rebuild {cls.__name__}: {error}") from None
+
+
+def untie_where_the_file_differs(model: nn.Module, state: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """Give every name of a tied parameter of ``model`` its own parameter where the file holds different
+    values under those names (a model saved after its tie was broken: ``rotate`` unties lm_head from the
+    embedding), so that loading gives back the saved model instead of one value in both places. Says so in a
+    warning; returns the groups of names untied."""
+    groups: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(parameter), []).append(name)
+    untied = []
+    for names in groups.values():
+        saved = [name for name in names if isinstance(state.get(name), torch.Tensor)]
+        first = state[saved[0]] if saved else None
+        if len(saved) < 2 or all(state[name].shape == first.shape and torch.equal(state[name], first)
+                                 for name in saved[1:]):  # fmt: skip
+            continue
+        for name in names[1:]:
+            owner_name, _, attribute = name.rpartition(".")
+            owner = model.get_submodule(owner_name)
+            tied = getattr(owner, attribute)
+            setattr(owner, attribute, nn.Parameter(tied.detach().clone(), requires_grad=tied.requires_grad))
+        untied.append(tuple(names))
+    if untied:
+        _no_retie(model)
+        warnings.warn(f"load: the file holds different values for the tied parameters {', '.join(map(str, untied))}; "
+                      "they are untied in the model to load them as saved", stacklevel=4)  # fmt: skip
+    return untied
+
+
+def _no_retie(model: nn.Module) -> None:
+    """A Hugging Face model's own records of its ties, cleared so that nothing ties them again."""
+    config = getattr(model, "config", None)
+    if getattr(config, "tie_word_embeddings", False):
+        config.tie_word_embeddings = False
+    if hasattr(model, "all_tied_weights_keys"):  # transformers 5 re-ties by this mapping
+        model.all_tied_weights_keys = {}

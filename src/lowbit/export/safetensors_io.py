@@ -26,7 +26,13 @@ from lowbit._persist import Older, Schema, check_seal, check_version, read_bytes
 from lowbit._persist import seal as seal_bytes
 from lowbit.errors import LowbitError
 from lowbit.export._errors import SerializationError
-from lowbit.export.records import ModuleClasses, module_records, real_module_classes, rebuild_modules
+from lowbit.export.records import (
+    ModuleClasses,
+    module_records,
+    real_module_classes,
+    rebuild_modules,
+    untie_where_the_file_differs,
+)
 from lowbit.qtensor.tensor import QTensor
 
 SCHEMA = "lowbit.safetensors"
@@ -145,7 +151,8 @@ def load(path: str | os.PathLike, model: nn.Module | None = None, *, modules: Mo
 
     Without ``model``: a dict name -> Tensor / QTensor. With ``model`` (the float architecture): the recorded
     quantized modules are rebuilt (real ones with ``cls.from_config(config)``, simulated ones from the
-    model's own module and the recorded formats) and swapped in, then the state is loaded with
+    model's own module and the recorded formats) and swapped in, parameters the model ties but the file holds
+    with different values are untied (with a warning), then the state is loaded with
     ``load_state_dict(strict=strict)``; returns the model.
     """
     header, tensors = read_file(path)
@@ -155,6 +162,7 @@ def load(path: str | os.PathLike, model: nn.Module | None = None, *, modules: Mo
     if not isinstance(model, nn.Module):
         raise SerializationError(f"load(model=...) expects an nn.Module, got {type(model).__name__}")
     model = rebuild_modules(model, header["modules"], real_module_classes(modules), state)
+    untie_where_the_file_differs(model, state)
     try:
         model.load_state_dict(state, strict=strict)
     except (RuntimeError, ValueError, TypeError) as error:
