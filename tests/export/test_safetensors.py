@@ -359,3 +359,37 @@ def test_a_tie_the_file_keeps_stays_tied(tmp_path, recwarn):
     loaded = lowbit.load(tmp_path / "tied.safetensors", model=fresh)
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
     assert not [warning for warning in recwarn if "untied" in str(warning.message)]
+
+
+@pytest.mark.parametrize("recipe", [None, "int8_dynamic"])
+def test_a_rotated_model_with_online_hadamards_saves_and_loads(tmp_path, recipe):
+    from lowbit.export.records import module_records, real_module_classes
+
+    model, fresh = _tied_llama()
+    lowbit.quantize_(model, "rotate", online_down=True)
+    if recipe is not None:
+        lowbit.quantize_(model, recipe)
+    records = module_records(model, real_module_classes())
+    assert records["model.layers.0.mlp"] == {"kind": "structure", "class": "HadamardGatedMLP"}
+    assert "model.layers.0.mlp.hadamard" not in records
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = model(ids).logits
+    lowbit.save(model, tmp_path / "rotated.safetensors")
+    import contextlib
+
+    # float: lm_head's own weight is untied in the fresh model; int8: lm_head is a real module with its codes
+    untie = pytest.warns(UserWarning, match="untied") if recipe is None else contextlib.nullcontext()
+    with untie:
+        loaded = lowbit.load(tmp_path / "rotated.safetensors", model=fresh)
+    assert type(loaded.model.layers[1].mlp).__name__ == "HadamardGatedMLP"
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, expected)
+
+
+def test_an_unknown_structure_record_is_one_clear_error():
+    from lowbit.export.records import rebuild_modules
+
+    model, _ = _tied_llama()
+    with pytest.raises(SerializationError, match="unknown structure record"):
+        rebuild_modules(model, {"model.layers.0.mlp": {"kind": "structure", "class": "Nope"}}, {})

@@ -5,9 +5,10 @@ Two kinds, one record each (qualified name -> record):
 - real-quantized modules (``lowbit.ops.REAL_MODULES`` and classes given to save / load):
   ``{"class": "Int8DynamicLinear", "config": module.config()}``, rebuilt with ``cls.from_config(config)``;
 - simulated modules (``lowbit.nn`` quantized modules, any format, calibrated parameters frozen in their
-  specs): ``{"kind": "simulated", "class": "QuantLinear", "formats": formats.to_dict()}``, rebuilt with
-  ``cls.from_float(<the given model's module>, RoleFormats.from_dict(formats))``; their weights are in the
-  state as for any module.
+  specs): ``{"kind": "simulated", "class": "QuantLinear", "formats": formats.to_dict()}``, rebuilt from the
+  given model's module and the recorded formats; their weights are in the state as for any module;
+- wrappers a model-level transform puts in (rotation's ``HadamardGatedMLP``, online Hadamard before
+  down_proj): ``{"kind": "structure", "class": ...}``, rebuilt around the given model's module.
 
 Anything quantized that fits neither (a graph's retargeted quantized functions, the experimental LUTNet /
 LogicNets layers, a lowbit module of an unknown class) makes ``save`` refuse with the reason: nothing is
@@ -49,10 +50,15 @@ def real_module_classes(extra: ModuleClasses = None) -> dict[str, type]:
 def module_records(model: nn.Module, registry: dict[str, type]) -> dict[str, dict[str, Any]]:
     """The header's record of every quantized submodule of ``model`` (SerializationError for one it cannot keep)."""
     _refuse_graph_functions(model)
-    records = {}
+    records, covered, structures = {}, set(), _structures()
     for qualname, module in model.named_modules():
         cls = type(module)
-        if registry.get(cls.__name__) is cls:
+        if qualname in covered:
+            continue
+        if structures.get(cls.__name__) is cls:  # a wrapper a transform put in: rebuilt around the given module
+            records[qualname] = {"kind": "structure", "class": cls.__name__}
+            covered.update(f"{qualname}.{child}".lstrip(".") for child in cls.rebuilt_children)
+        elif registry.get(cls.__name__) is cls:
             records[qualname] = {"class": cls.__name__, "config": _json(qualname, cls, module.config())}
         elif isinstance(module, QuantModule) and SIMULATED.get(cls.__name__) is cls:
             formats = _json(qualname, cls, module.formats.to_dict())
@@ -93,6 +99,8 @@ def rebuild_modules(model: nn.Module, records: dict[str, Any], registry: dict[st
             raise SerializationError(f"module {qualname!r}: bad record {record!r}")
         if record.get("kind") == "simulated":
             replacement = _simulated(model, qualname, record)
+        elif record.get("kind") == "structure":
+            replacement = _structure(model, qualname, record)
         else:
             if state is not None:
                 with torch.device("meta"):
@@ -133,6 +141,25 @@ def _real(qualname: str, record: dict[str, Any], registry: dict[str, type]) -> n
         return cls.from_config(record["config"])
     except (LowbitError, KeyError, TypeError, ValueError, RuntimeError, MemoryError) as error:
         raise SerializationError(f"module {qualname!r}: {cls.__name__}.from_config failed: {error}") from None
+
+
+def _structures() -> dict[str, type]:
+    """Class name -> wrapper class of the modules a model-level transform puts in (each rebuilt by
+    ``cls(<the given model's module>)``, its ``rebuilt_children`` made by the wrapper itself)."""
+    from lowbit.flows.rotation import HadamardGatedMLP
+
+    return {HadamardGatedMLP.__name__: HadamardGatedMLP}
+
+
+def _structure(model: nn.Module, qualname: str, record: dict[str, Any]) -> nn.Module:
+    cls = _structures().get(record.get("class"))
+    if cls is None or not qualname:
+        raise SerializationError(f"module {qualname!r}: unknown structure record {record!r}; known: "
+                                 f"{', '.join(_structures())}")  # fmt: skip
+    try:
+        return cls(_existing(model, qualname))
+    except (LowbitError, AttributeError, TypeError, ValueError) as error:
+        raise SerializationError(f"module {qualname!r}: cannot rebuild {cls.__name__}: {error}") from None
 
 
 def _simulated(model: nn.Module, qualname: str, record: dict[str, Any]) -> nn.Module:

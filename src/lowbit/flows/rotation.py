@@ -48,6 +48,8 @@ class HadamardGatedMLP(nn.Module):
     """``down_proj(H(act_fn(gate_proj(x)) * up_proj(x)))``: a gated MLP with an online Hadamard ``H`` before
     down_proj; the children keep the replaced MLP's names (gate_proj, up_proj, down_proj, act_fn)."""
 
+    rebuilt_children = ("hadamard",)  # made by __init__ from the MLP (lowbit.load rebuilds the wrapper so)
+
     def __init__(self, mlp: nn.Module) -> None:
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
