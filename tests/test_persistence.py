@@ -189,3 +189,17 @@ def test_statistics_header_faults(tmp_path):
     path.write_text(text[:-3] + "X\n")
     with pytest.raises(stats_file.ConfigError, match="checksum"):
         stats_file.load_statistics(path)
+
+
+def test_saved_origin_reads_no_more_than_the_schema_allows(tmp_path, monkeypatch):
+    import dataclasses
+
+    from lowbit.pipeline import checkpoints
+
+    (tmp_path / "module.json").write_text('{"model": "toy", "dataset": "toy_tiny", "padding": "' + "x" * 200 + '"}')
+    (tmp_path / checkpoints.RUN_FILE).write_text('{"model": "mlp", "dataset": "digits"}')
+    assert checkpoints.saved_origin(tmp_path) == ("toy", "toy_tiny")
+    small = dataclasses.replace(checkpoints.MODULE_FILE_SCHEMA, limit=64)
+    monkeypatch.setattr(checkpoints, "MODULE_FILE_SCHEMA", small)
+    assert checkpoints.saved_origin(tmp_path) == ("mlp", "digits")  # the oversized file is passed over, unread
+    assert checkpoints.saved_origin(tmp_path / "missing") == (None, None)

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from lowbit._checksum import digest_file, verify_sidecar
-from lowbit._io import atomic_directory, read_regular_file, read_regular_text, write_file
-from lowbit._persist import Older, Schema, json_bytes, read_json, register, write_folder
+from lowbit._io import atomic_directory, read_regular_file, write_file
+from lowbit._persist import Older, Schema, json_bytes, read_bytes, read_json, register, write_folder
 from lowbit.errors import ConfigError, FormatError, LowbitError
 
 LOAD_TYPES = ("pt", "pl", "lowbit")
@@ -194,10 +194,10 @@ def load_lowbit(directory: Path) -> nn.Module:
 def saved_origin(directory: str | os.PathLike) -> tuple[str | None, str | None]:
     """(model, dataset) names recorded beside a saved model, (None, None) if none were."""
     directory = Path(directory)
-    for name in ("module.json", RUN_FILE):
-        try:
-            doc = json.loads(read_regular_text(directory / name))
-        except (OSError, ValueError):
+    for name, schema in (("module.json", MODULE_FILE_SCHEMA), (RUN_FILE, RUN_FILE_SCHEMA)):
+        try:  # best effort, but never reads more than the schema's size limit
+            doc = json.loads(read_bytes(schema, directory / name))
+        except (LowbitError, ValueError):
             continue
         if isinstance(doc, dict):
             return doc.get("model"), doc.get("dataset")
