@@ -93,11 +93,12 @@ def quantize_kv_cache(root: nn.Module, recipe: KVCache) -> dict[str, Any]:
     formats = AttentionFormats(**dict.fromkeys(recipe.roles, spec), key_per_channel=recipe.key_per_channel)
     _register()
     quantized, attention = {}, {}
+    inners = {name: _config_of(module)._attn_implementation for name, module in targets.items()}
     for name, module in targets.items():
-        _inner_function(module, _config_of(module)._attn_implementation)  # it exists (ConfigError otherwise)
+        _inner_function(module, inners[name])  # the implementation exists (ConfigError otherwise), before any change
     apply(root, {f"{name}.attention_quantizer": Ready(AttentionQuantizer(formats)) for name in targets})
     for name, module in targets.items():
-        inner = _config_of(module)._attn_implementation
+        inner = inners[name]
         if not isinstance(module.config, AttentionConfigView):
             module.config = AttentionConfigView(module.config)
         quantized[name] = f"{type(module).__name__}: {formats.describe()}"

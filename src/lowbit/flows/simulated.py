@@ -114,6 +114,7 @@ def _pass_args_gptq(root: nn.Module, recipe: PassArgs) -> dict[str, Any]:
 
 def to_real(root: nn.Module, skip: Any = ()) -> tuple[dict[str, str], dict[str, str]]:
     """Replace every simulated QuantLinear a kernel computes by its real module: (converted, kept with why)."""
-    layers = [name for name, (module, _) in select_layers(root, ["linear"], skip).items() if isinstance(module, QuantLinear)]
+    layers = [name for name, (module, _) in select_layers(root, ["linear"], skip).items()
+              if isinstance(module, QuantLinear)]  # fmt: skip
     applied = apply(root, {name: MakeReal() for name in layers})
     return applied.placed, applied.kept

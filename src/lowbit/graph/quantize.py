@@ -63,8 +63,10 @@ def quantize_transform_pass(graph: QGraph, pass_args: dict[str, Any]) -> tuple[Q
     selector = Selector(pass_args, [n.name for n in candidates], "node name of this graph")
     plan, skipped = _plan(candidates, modules, selector)
     _check_shared_modules(plan)
-    apply(graph.model, {item.node.target: Simulated(item.formats, item.op) for item in plan
-                        if item.node.op == "call_module" and _swappable(item, modules)})  # fmt: skip
+    module_items = [item for item in plan if item.node.op == "call_module"]
+    for item in module_items:
+        _check_float_class(item, modules)
+    apply(graph.model, {item.node.target: Simulated(item.formats, item.op) for item in module_items})
     for item in plan:
         _rewrite_node(item)
     graph.recompile()
@@ -106,12 +108,11 @@ def _check_shared_modules(plan: list[_Planned]) -> None:
                               f"{item.node.name!r} with different quantize configs; give both the same config")  # fmt: skip
 
 
-def _swappable(item: _Planned, modules: dict[str, nn.Module]) -> bool:
+def _check_float_class(item: _Planned, modules: dict[str, nn.Module]) -> None:
     original = modules[item.node.target]
     if not isinstance(original, MODULE_FOR_OP[item.op].float_class):
         raise ConfigError(f"node {item.node.name!r}: module {type(original).__name__} is classified {item.op!r} "
                           f"but is not a {MODULE_FOR_OP[item.op].float_class.__name__}")  # fmt: skip
-    return True
 
 
 def _rewrite_node(item: _Planned) -> None:
